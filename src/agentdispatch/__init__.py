@@ -1,0 +1,66 @@
+"""agentdispatch: run AI-agent turns from a durable queue.
+
+A caller submits a turn and gets a job handle at once; workers claim it under a
+renewable, fenced lease, commit the outcome, then acknowledge the delivery.
+"""
+
+from .dispatch import Dispatcher, Submission
+from .envelope import Envelope, JobHandle, new_job_id
+from .errors import (
+    AgentDispatchError,
+    ConfigError,
+    DepthUnavailable,
+    EffectUnknown,
+    InvalidEnvelope,
+    InvalidInput,
+    InvalidTransition,
+    JobNotFound,
+    LeaseLost,
+    NonRetryableError,
+    OutcomeConflict,
+    PayloadTooLarge,
+    QueueFull,
+    TaskQueueUnavailable,
+)
+from .factory import open_backends
+from .handlers import Registry, Turn
+from .lease import LeaseGuard
+from .settings import Settings, load_settings
+from .worker import Worker, WorkerOptions
+from .workitem import Outcome, Status, WorkItem
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentDispatchError",
+    "ConfigError",
+    "DepthUnavailable",
+    "Dispatcher",
+    "EffectUnknown",
+    "Envelope",
+    "InvalidEnvelope",
+    "InvalidInput",
+    "InvalidTransition",
+    "JobHandle",
+    "JobNotFound",
+    "LeaseGuard",
+    "LeaseLost",
+    "NonRetryableError",
+    "Outcome",
+    "OutcomeConflict",
+    "PayloadTooLarge",
+    "QueueFull",
+    "Registry",
+    "Settings",
+    "Status",
+    "Submission",
+    "TaskQueueUnavailable",
+    "Turn",
+    "WorkItem",
+    "Worker",
+    "WorkerOptions",
+    "__version__",
+    "load_settings",
+    "new_job_id",
+    "open_backends",
+]

@@ -1,0 +1,5 @@
+"""``python -m agentdispatch`` runs the CLI."""
+
+from .cli import main
+
+main()

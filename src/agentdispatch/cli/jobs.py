@@ -1,0 +1,152 @@
+"""submit, status, cancel, jobs, dlq, migrate."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from ..dispatch import Submission
+from ..errors import InvalidInput
+from ..workitem import Status, WorkItem
+from .app import App
+
+TENANT = click.option("--tenant", default="default", show_default=True, help="Tenant scope.")
+JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+STATUSES = click.Choice([s.value for s in Status])
+
+
+def _emit(data: Any, as_json: bool, human: Any) -> None:
+    from . import emit
+
+    emit(data, as_json, human)
+
+
+def _table(items: list[WorkItem]) -> None:
+    table = Table("job_id", "kind", "status", "attempt", "session", "reason")
+    for it in items:
+        table.add_row(it.id, it.kind, it.status.value, str(it.attempt), it.session_id, it.reason or "")
+    Console().print(table)
+
+
+def register(main: click.Group) -> None:
+    """Attach the commands to ``main``."""
+
+    @main.command()
+    @click.argument("kind")
+    @click.option("--payload", default="null", help="JSON payload (max 1 MiB).")
+    @click.option("--session", "session_id", default=None, help="Serial scope (default: the job id).")
+    @click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+    @click.option("--deadline", "deadline_unix", type=float, default=None, help="Unix time; cancelled as expired after.")
+    @click.option("--depends-on", "dependencies", multiple=True, help="Job id this one waits for (repeatable).")
+    @click.option("--job-id", default=None, help="Caller-chosen id (a retry returns the same job).")
+    @click.option("--idempotency-key", default=None, help="Derive the job id from this key.")
+    @click.option("--app", "app_spec", default=None, help="module:registry to check kinds [env: AGENT_DISPATCH_APP].")
+    @TENANT
+    @JSON
+    @click.pass_obj
+    def submit(obj: App, kind: str, payload: str, tenant: str, as_json: bool, app_spec: str | None, **kw: Any) -> None:
+        """Submit one turn and print its job handle."""
+        try:
+            body = json.loads(payload)
+        except ValueError:
+            raise InvalidInput("--payload is not valid JSON") from None
+        obj.app_spec = app_spec
+        sub = Submission(kind=kind, payload=body, tenant=tenant, **{**kw, "dependencies": tuple(kw["dependencies"])})
+        handle = obj.dispatcher(check_kinds=True).submit(sub)
+        _emit(handle.model_dump(), as_json, lambda: click.echo(handle.job_id))
+
+    @main.command()
+    @click.argument("job_id")
+    @click.option("--history", is_flag=True, help="Include events and the side-effect ledger.")
+    @TENANT
+    @JSON
+    @click.pass_obj
+    def status(obj: App, job_id: str, tenant: str, history: bool, as_json: bool) -> None:
+        """Show one job."""
+        d = obj.dispatcher()
+        view: dict[str, Any] = d.history(job_id, tenant) if history else d.status(job_id, tenant)
+
+        def human() -> None:
+            job = view["job"] if history else view
+            for k, v in job.items():
+                click.echo(f"{k:>14}: {v}")
+            for ev in view.get("events", []):
+                click.echo(f"  event {ev['event']:<14} status={ev['status']} attempt={ev['attempt']} epoch={ev['epoch']}")
+            for eff in view.get("side_effects", []):
+                click.echo(f"  effect {eff['key']} {eff['state']} epoch={eff['epoch']}")
+
+        _emit(view, as_json, human)
+
+    @main.command()
+    @click.argument("job_id")
+    @TENANT
+    @JSON
+    @click.pass_obj
+    def cancel(obj: App, job_id: str, tenant: str, as_json: bool) -> None:
+        """Cancel a job (fences out a running worker)."""
+        view = obj.dispatcher().cancel(job_id, tenant)
+        _emit(view, as_json, lambda: click.echo(f"{job_id}: {view['status']}"))
+
+    @main.command()
+    @click.option("--status", "status_", type=STATUSES, default=None, help="Filter by status.")
+    @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+    @click.option("--offset", type=click.IntRange(0), default=0, show_default=True)
+    @TENANT
+    @JSON
+    @click.pass_obj
+    def jobs(obj: App, status_: str | None, limit: int, offset: int, tenant: str, as_json: bool) -> None:
+        """List jobs, newest first."""
+        items = obj.dispatcher().jobs(tenant, Status(status_) if status_ else None, limit=limit, offset=offset)
+        _emit([i.view() for i in items], as_json, lambda: _table(items))
+
+    @main.group()
+    def dlq() -> None:
+        """The dead-letter queue."""
+
+    @dlq.command("list")
+    @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+    @TENANT
+    @JSON
+    @click.pass_obj
+    def dlq_list(obj: App, limit: int, tenant: str, as_json: bool) -> None:
+        """Dead-lettered jobs and poison envelopes."""
+        items = obj.dispatcher().jobs(tenant, Status.DEAD_LETTER, limit=limit)
+        poison = obj.store.poison(limit=limit)
+
+        def human() -> None:
+            _table(items)
+            for p in poison:
+                click.echo(f"poison {p['digest'][:12]}  {p['reason']}")
+
+        _emit({"jobs": [i.view() for i in items], "poison": poison}, as_json, human)
+
+    @dlq.command("replay")
+    @click.argument("job_id")
+    @TENANT
+    @JSON
+    @click.pass_obj
+    def dlq_replay(obj: App, job_id: str, tenant: str, as_json: bool) -> None:
+        """Move a dead-lettered job back to ready (a new attempt)."""
+        d = obj.dispatcher()
+        view = d.replay(job_id, tenant)
+        effects = d.history(job_id, tenant)["side_effects"]
+
+        def human() -> None:
+            click.echo(f"{job_id}: {view['status']} (attempt {view['attempt']} of {view['max_attempts']})")
+            for eff in effects:
+                click.echo(f"  side effect {eff['key']}: {eff['state']}")
+
+        _emit({"job": view, "side_effects": effects}, as_json, human)
+
+    @main.command()
+    @click.pass_obj
+    def migrate(obj: App) -> None:
+        """Create or upgrade the schema of the configured store."""
+        from ..factory import open_store
+
+        store = open_store(obj.settings, migrate=True)
+        click.echo(f"schema version {store.schema_version()} ({store.name})")

@@ -1,0 +1,183 @@
+"""submit / status / cancel / replay / jobs: the one entry point that the
+gateway, the CLI and the MCP server share."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .envelope import MAX_PAYLOAD_BYTES, JobHandle, new_job_id
+from .errors import InvalidInput, PayloadTooLarge
+from .settings import Settings
+from .stores.base import NewJob, Store
+from .transports.base import Transport
+from .workitem import Status, WorkItem
+
+_IDENT = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,200}$")
+_KIND = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+SUBMIT_FIELDS = frozenset(
+    {
+        "kind", "payload", "tenant", "session_id", "priority", "deadline_unix",
+        "dependencies", "job_id", "idempotency_key", "agent_name",
+    }
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A caller's request to run one turn (validated by :func:`validate`)."""
+
+    kind: str
+    payload: Any = None
+    tenant: str = "default"
+    session_id: str | None = None
+    priority: int = 0
+    deadline_unix: float | None = None
+    dependencies: tuple[str, ...] = ()
+    job_id: str | None = None
+    idempotency_key: str | None = None
+    agent_name: str = ""
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, tenant: str | None = None) -> Submission:
+        """Build from JSON-like input; unknown fields are an error."""
+        if not isinstance(data, Mapping):
+            raise InvalidInput("a submission must be a JSON object")
+        unknown = set(data) - SUBMIT_FIELDS - {"action", "task"}
+        if unknown:
+            raise InvalidInput(f"unknown field(s): {', '.join(sorted(unknown))}")
+        fields = {k: v for k, v in data.items() if k in SUBMIT_FIELDS}
+        if "task" in data and "payload" not in data:
+            fields["payload"] = {"task": data["task"]}
+        deps = fields.get("dependencies") or ()
+        if isinstance(deps, str):
+            try:
+                deps = json.loads(deps) if deps.strip() else []
+            except ValueError:
+                raise InvalidInput("dependencies must be a list of job ids") from None
+        if not isinstance(deps, (list, tuple)):
+            raise InvalidInput("dependencies must be a list of job ids")
+        fields["dependencies"] = tuple(deps)
+        if tenant is not None:
+            fields["tenant"] = tenant
+        fields.setdefault("kind", "orchestrator_task")
+        return cls(**fields)
+
+
+def _ident(name: str, value: Any) -> str:
+    if not isinstance(value, str) or not _IDENT.match(value):
+        raise InvalidInput(f"{name} must be 1-200 characters of letters, digits and _.:@/+=-")
+    return value
+
+
+def validate(sub: Submission, *, max_attempts: int, known_kinds: frozenset[str] | None) -> NewJob:
+    """Turn a :class:`Submission` into a :class:`NewJob` or raise
+    :class:`InvalidInput` / :class:`PayloadTooLarge`."""
+    if not isinstance(sub.kind, str) or not _KIND.match(sub.kind):
+        raise InvalidInput("kind must be 1-100 characters of letters, digits and _.:-")
+    if known_kinds is not None and sub.kind not in known_kinds:
+        raise InvalidInput(f"unknown kind {sub.kind!r}; known: {', '.join(sorted(known_kinds))}")
+    tenant = _ident("tenant", sub.tenant)
+    try:
+        body = json.dumps(sub.payload, allow_nan=False)
+    except (TypeError, ValueError):
+        raise InvalidInput("payload must be JSON-serialisable (no NaN/Infinity)") from None
+    if len(body.encode()) > MAX_PAYLOAD_BYTES:
+        raise PayloadTooLarge(f"payload is {len(body.encode())} bytes; the limit is {MAX_PAYLOAD_BYTES}")
+    if isinstance(sub.priority, bool) or not isinstance(sub.priority, int) or not -100 <= sub.priority <= 100:
+        raise InvalidInput("priority must be an integer between -100 and 100 (higher runs first)")
+    deadline = sub.deadline_unix
+    if deadline is not None:
+        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline) or deadline <= 0:
+            raise InvalidInput("deadline_unix must be a positive number of seconds since the epoch")
+        deadline = float(deadline)
+    deps = tuple(_ident("dependency", d) for d in sub.dependencies)
+    if len(deps) > 100:
+        raise InvalidInput("at most 100 dependencies")
+    if sub.job_id is not None:
+        job_id = _ident("job_id", sub.job_id)
+    elif sub.idempotency_key is not None:
+        key = _ident("idempotency_key", sub.idempotency_key)
+        job_id = "dispatch-" + hashlib.sha256(f"{tenant}\x1f{key}".encode()).hexdigest()[:32]
+    else:
+        job_id = new_job_id()
+    if job_id in deps:
+        raise InvalidInput("a job cannot depend on itself")
+    session = _ident("session_id", sub.session_id) if sub.session_id else job_id
+    if not isinstance(sub.agent_name, str) or len(sub.agent_name) > 200:
+        raise InvalidInput("agent_name must be a string of at most 200 characters")
+    return NewJob(
+        job_id=job_id,
+        tenant=tenant,
+        session_id=session,
+        kind=sub.kind,
+        payload=sub.payload,
+        max_attempts=max_attempts,
+        agent_name=sub.agent_name,
+        priority=sub.priority,
+        dependencies=deps,
+        deadline_unix=deadline,
+    )
+
+
+class Dispatcher:
+    """Submit and inspect jobs over one store and one transport."""
+
+    def __init__(
+        self,
+        store: Store,
+        transport: Transport,
+        settings: Settings,
+        *,
+        known_kinds: Iterable[str] | None = None,
+    ) -> None:
+        self.store = store
+        self.transport = transport
+        self.settings = settings
+        self.known_kinds = frozenset(known_kinds) if known_kinds is not None else None
+
+    def submit(self, sub: Submission) -> JobHandle:
+        """Accept one turn; returns its handle once it is durable."""
+        return self.submit_many([sub])[0]
+
+    def submit_many(self, subs: Sequence[Submission]) -> list[JobHandle]:
+        """Accept a batch in one transaction (all or nothing)."""
+        jobs = [
+            validate(s, max_attempts=self.settings.max_attempts, known_kinds=self.known_kinds)
+            for s in subs
+        ]
+        if not jobs:
+            return []
+        self.transport.admit(len(jobs), self.settings.max_depth)
+        accepted = self.store.submit(jobs, max_depth=self.settings.max_depth)
+        self.transport.relay(self.store)
+        return [JobHandle.for_job(a.item.id, a.item.session_id, a.item.kind) for a in accepted]
+
+    def status(self, job_id: str, tenant: str | None) -> dict[str, Any]:
+        """The WorkItem view (no lease secrets); raises :class:`JobNotFound`."""
+        return self.store.get(job_id, tenant).view()
+
+    def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> dict[str, Any]:
+        """Cancel a non-terminal job; terminal jobs are returned unchanged."""
+        return self.store.cancel(job_id, tenant, reason).view()
+
+    def replay(self, job_id: str, tenant: str | None) -> dict[str, Any]:
+        """Replay a dead-lettered job as a new attempt."""
+        item = self.store.replay(job_id, tenant)
+        self.transport.relay(self.store)
+        return item.view()
+
+    def jobs(
+        self, tenant: str | None, status: Status | None = None, *, limit: int = 50, offset: int = 0
+    ) -> list[WorkItem]:
+        """Jobs newest first."""
+        return self.store.list(tenant=tenant, status=status, limit=limit, offset=offset)
+
+    def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
+        """A job's events and side-effect ledger."""
+        return self.store.history(job_id, tenant)

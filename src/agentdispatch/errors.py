@@ -1,0 +1,81 @@
+"""The exception tree of agentdispatch.
+
+::
+
+    AgentDispatchError
+     +-- ConfigError              a setting is invalid (names the variable)
+     +-- TaskQueueUnavailable     a store or transport cannot be reached
+     |    +-- DepthUnavailable    the depth probe failed: admission rejects
+     +-- QueueFull                admission refused: the depth bound is reached
+     +-- InvalidInput             bad caller input (payload, kind, ids...)
+     |    +-- InvalidEnvelope     an envelope failed validation (poison)
+     |    +-- PayloadTooLarge     payload over 1 MiB
+     +-- JobNotFound              unknown job id, or another tenant's job
+     +-- InvalidTransition        the state machine refused a move
+     |    +-- OutcomeConflict     a terminal item was committed differently
+     +-- LeaseLost                fenced: stale epoch/token, expiry or cancel
+     +-- EffectUnknown            a side effect may have run; a human decides
+     +-- NonRetryableError        raised by a handler: fail without retrying
+"""
+
+from __future__ import annotations
+
+
+class AgentDispatchError(Exception):
+    """Base class of every error agentdispatch raises on purpose."""
+
+
+class ConfigError(AgentDispatchError):
+    """A setting is invalid; the message names the environment variable."""
+
+
+class TaskQueueUnavailable(AgentDispatchError):
+    """A store or transport cannot be reached; never degrades silently."""
+
+
+class DepthUnavailable(TaskQueueUnavailable):
+    """The queue depth could not be read; admission rejects (never reads 0)."""
+
+
+class QueueFull(AgentDispatchError):
+    """Admission refused: accepting would exceed AGENT_DISPATCH_MAX_DEPTH."""
+
+
+class InvalidInput(AgentDispatchError):
+    """Caller input is invalid; nothing was changed."""
+
+
+class InvalidEnvelope(InvalidInput):
+    """An envelope failed validation (a poison message)."""
+
+
+class PayloadTooLarge(InvalidInput):
+    """The payload is larger than the 1 MiB limit."""
+
+
+class JobNotFound(AgentDispatchError):
+    """No such job for this tenant (another tenant's job looks the same)."""
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(f"Job {job_id} not found")
+        self.job_id = job_id
+
+
+class InvalidTransition(AgentDispatchError):
+    """The state machine does not allow this move from the current status."""
+
+
+class OutcomeConflict(InvalidTransition):
+    """A terminal item was committed again with a different outcome."""
+
+
+class LeaseLost(AgentDispatchError):
+    """The lease is stale (epoch, token, expiry or cancellation): fenced out."""
+
+
+class EffectUnknown(AgentDispatchError):
+    """A side effect was started by an earlier attempt and never confirmed."""
+
+
+class NonRetryableError(AgentDispatchError):
+    """Raised by a handler to fail the item at once, without retries."""

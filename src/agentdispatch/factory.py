@@ -1,0 +1,64 @@
+"""The one place that knows every backend: builds a store and a transport
+from :class:`Settings`."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .errors import TaskQueueUnavailable
+from .settings import Backend, Settings
+from .stores.base import Store
+from .transports.base import Transport
+
+
+def _load(module: str, attr: str, extra: str) -> Any:
+    try:
+        return getattr(importlib.import_module(f"agentdispatch.{module}"), attr)
+    except ImportError as exc:
+        raise TaskQueueUnavailable(
+            f"the {extra} backend needs `pip install 'agentdispatch[{extra}]'` ({exc.name} missing)"
+        ) from None
+
+
+def open_store(settings: Settings, *, migrate: bool | None = None) -> Store:
+    """The WorkItem store: PostgreSQL with STATE_DB_URI, else the SQLite file.
+    SQLite migrates itself (zero setup); PostgreSQL needs ``agentdispatch migrate``."""
+    store: Store
+    if settings.state_db_uri:
+        cls = _load("stores.postgres", "PostgresStore", "postgres")
+        store = cls(settings.state_db_uri, extra_attempts=settings.max_attempts)
+    else:
+        from .stores.sqlite import SqliteStore
+
+        store = SqliteStore(settings.sqlite_path, extra_attempts=settings.max_attempts)
+        migrate = True if migrate is None else migrate
+    if migrate:
+        store.migrate()
+    return store
+
+
+def open_transport(settings: Settings, store: Store) -> Transport:
+    """The transport named by TASK_QUEUE_BACKEND (auto when unset)."""
+    backend = settings.backend
+    if backend is Backend.SQLITE:
+        if store.name != "sqlite":
+            raise TaskQueueUnavailable(
+                "TASK_QUEUE_BACKEND=sqlite needs the SQLite store; unset STATE_DB_URI or choose postgres"
+            )
+        from .transports.sqlite import SqliteTransport
+
+        return SqliteTransport(settings.sqlite_path)
+    if backend is Backend.POSTGRES:
+        if store.name != "postgres":
+            raise TaskQueueUnavailable("TASK_QUEUE_BACKEND=postgres needs STATE_DB_URI=postgresql://...")
+        cls = _load("transports.postgres", "PostgresTransport", "postgres")
+        return cls(store)  # type: ignore[no-any-return]
+    cls = _load("transports.kafka", "KafkaTransport", "kafka")
+    return cls(settings)  # type: ignore[no-any-return]
+
+
+def open_backends(settings: Settings, *, migrate: bool | None = None) -> tuple[Store, Transport]:
+    """Store and transport, ready to use."""
+    store = open_store(settings, migrate=migrate)
+    return store, open_transport(settings, store)

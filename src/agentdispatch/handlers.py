@@ -1,0 +1,135 @@
+"""The handler registry (one function per ``kind``) and the built-in kinds."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any
+
+from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .lease import LeaseGuard
+
+ENTRY_POINT_GROUP = "agentdispatch.handlers"
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What a handler receives besides its lease guard."""
+
+    job_id: str
+    session_id: str
+    tenant: str
+    kind: str
+    payload: Any
+    attempt: int
+    agent_name: str = ""
+    deadline_unix: float | None = None
+
+
+Handler = Callable[[Turn, "LeaseGuard"], Any]
+
+
+class Registry:
+    """Handlers by kind; plain functions, sync or ``async def``."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, Handler] = {}
+
+    def register(self, kind: str) -> Callable[[Handler], Handler]:
+        """Decorator: ``@registry.register("kind")``."""
+
+        def add(fn: Handler) -> Handler:
+            self._handlers[kind] = fn
+            return fn
+
+        return add
+
+    def add(self, kind: str, fn: Handler) -> None:
+        """Register ``fn`` for ``kind``."""
+        self._handlers[kind] = fn
+
+    def get(self, kind: str) -> Handler | None:
+        """The handler of ``kind``, or None."""
+        return self._handlers.get(kind)
+
+    def update(self, other: Registry) -> None:
+        """Take every handler of ``other``."""
+        self._handlers.update(other._handlers)
+
+    def kinds(self) -> list[str]:
+        """Registered kinds, sorted."""
+        return sorted(self._handlers)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._handlers))
+
+
+def run_handler(fn: Handler, turn: Turn, guard: LeaseGuard, loop: asyncio.AbstractEventLoop) -> Any:
+    """Call a handler; coroutines run on the worker thread's own loop."""
+    result = fn(turn, guard)
+    if inspect.isawaitable(result):
+        return loop.run_until_complete(result)
+    return result
+
+
+def echo(turn: Turn, guard: LeaseGuard) -> Any:
+    """Built-in: return the payload."""
+    return turn.payload
+
+
+def sleep(turn: Turn, guard: LeaseGuard) -> Any:
+    """Built-in: sleep ``payload["seconds"]`` while keeping the lease alive."""
+    seconds = float((turn.payload or {}).get("seconds", 1.0)) if isinstance(turn.payload, dict) else 1.0
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        guard.check()
+        time.sleep(min(0.2, left))
+    return {"slept": seconds}
+
+
+def builtins() -> Registry:
+    """A registry holding the built-in kinds ``echo`` and ``sleep``."""
+    reg = Registry()
+    reg.add("echo", echo)
+    reg.add("sleep", sleep)
+    return reg
+
+
+def load_app(spec: str) -> Registry:
+    """Import ``module:attr``; the attribute is a Registry or a dict of kinds."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"AGENT_DISPATCH_APP / --app must look like module:registry, got {spec!r}")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"AGENT_DISPATCH_APP / --app {spec!r} cannot be loaded: {exc}") from None
+    if isinstance(obj, Registry):
+        return obj
+    if isinstance(obj, dict):
+        reg = Registry()
+        for kind, fn in obj.items():
+            reg.add(str(kind), fn)
+        return reg
+    raise ConfigError(f"AGENT_DISPATCH_APP / --app {spec!r} is not a Registry or a dict")
+
+
+def discover(app: str | None) -> Registry:
+    """Built-ins, then entry points of ``agentdispatch.handlers``, then ``app``."""
+    reg = builtins()
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        loaded = ep.load()
+        if isinstance(loaded, Registry):
+            reg.update(loaded)
+        elif callable(loaded):
+            reg.add(ep.name, loaded)
+    if app:
+        reg.update(load_app(app))
+    return reg

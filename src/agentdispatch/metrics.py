@@ -1,0 +1,56 @@
+"""Prometheus series (SPEC section 8), one registry per process object."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+OUTCOMES = ("completed", "failed", "retried", "dead_letter", "skipped", "expired", "fenced", "poison", "busy")
+
+
+class Metrics:
+    """The dispatch series, registered on a private registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.queue_depth = Gauge(
+            "agent_utilities_dispatch_queue_depth", "Unclaimed turns", ["backend"], registry=r
+        )
+        self.turns = Counter(
+            "agent_utilities_dispatch_turns", "Processed turns by outcome", ["outcome"], registry=r
+        )
+        self.workers = Gauge(
+            "agent_utilities_dispatch_workers", "Live workers (fresh heartbeats)", registry=r
+        )
+        self.time_in_queue = Histogram(
+            "agent_utilities_dispatch_time_in_queue_seconds",
+            "Enqueue to claim",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 1800),
+            registry=r,
+        )
+        self.attempts = Histogram(
+            "agent_utilities_dispatch_attempts",
+            "Attempt number at claim",
+            buckets=(1, 2, 3, 4, 5, 7, 10, 20),
+            registry=r,
+        )
+        self.redeliveries = Counter(
+            "agent_utilities_dispatch_redeliveries", "Deliveries after the first", registry=r
+        )
+        self.lease_failures = Counter(
+            "agent_utilities_dispatch_lease_failures", "Renewals or commits refused", registry=r
+        )
+        self.dead_letters = Gauge(
+            "agent_utilities_dispatch_dead_letter", "Items in the dead-letter queue", registry=r
+        )
+        self.dead_letter_oldest = Gauge(
+            "agent_utilities_dispatch_dead_letter_oldest_age_seconds",
+            "Age of the oldest dead-lettered item",
+            registry=r,
+        )
+        for outcome in OUTCOMES:
+            self.turns.labels(outcome=outcome)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry)

@@ -1,0 +1,78 @@
+"""Pure policy math: backoff, lease timing, opaque references, backpressure."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+#: The recovery-time objective: no lease may outlive this many seconds.
+LEASE_RTO_S = 300.0
+
+
+def backoff_delay(
+    attempt: int,
+    *,
+    base_s: float = 1.0,
+    cap_s: float = 300.0,
+    rng: random.Random | None = None,
+) -> float:
+    """Exponential backoff with full jitter for retry ``attempt`` (1-based)."""
+    ceiling = min(cap_s, base_s * (2 ** max(0, attempt - 1)))
+    pick = (rng or random).random()
+    # Half fixed, half jittered: never zero, never above the ceiling.
+    return ceiling / 2 + pick * ceiling / 2
+
+
+def renew_every(ttl_s: float, interval_s: float) -> float:
+    """How often the lease guard renews: min(interval, TTL/3)."""
+    return min(interval_s, ttl_s / 3)
+
+
+def sweep_every(ttl_s: float) -> float:
+    """How often the reconciler runs so recovery stays within one TTL."""
+    return max(0.2, min(5.0, ttl_s / 4))
+
+
+def opaque_ref(key: bytes, *parts: str) -> str:
+    """A keyed hash of ``parts``: a scheduling reference that hides names."""
+    msg = "\x1f".join(parts).encode()
+    return hmac.new(key, msg, hashlib.sha256).hexdigest()[:24]
+
+
+@dataclass
+class Backpressure:
+    """Slows claiming when recent handler failures or latency cross a budget.
+
+    Pure apart from its window: feed ``record`` with each turn's result and ask
+    ``claim_delay`` before each claim.
+    """
+
+    window: int = 50
+    max_failure_rate: float = 0.5
+    latency_budget_s: float = 30.0
+    max_delay_s: float = 2.0
+    _recent: deque[tuple[bool, float]] = field(default_factory=deque)
+
+    def record(self, ok: bool, latency_s: float) -> None:
+        """Remember one turn's outcome and duration."""
+        self._recent.append((ok, latency_s))
+        while len(self._recent) > self.window:
+            self._recent.popleft()
+
+    def claim_delay(self) -> float:
+        """Seconds to wait before the next claim (0 when healthy)."""
+        if len(self._recent) < 10:
+            return 0.0
+        n = len(self._recent)
+        failure_rate = sum(1 for ok, _ in self._recent if not ok) / n
+        mean_latency = sum(lat for _, lat in self._recent) / n
+        over = max(
+            failure_rate / self.max_failure_rate,
+            mean_latency / self.latency_budget_s,
+        )
+        if over <= 1.0:
+            return 0.0
+        return min(self.max_delay_s, (over - 1.0) * self.max_delay_s)

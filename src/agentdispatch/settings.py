@@ -1,0 +1,110 @@
+"""One typed Settings object: the only reader of ``os.environ``."""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .errors import ConfigError
+from .policy import LEASE_RTO_S
+
+
+class Backend(str, Enum):
+    """Where envelopes travel."""
+
+    SQLITE = "sqlite"
+    POSTGRES = "postgres"
+    KAFKA = "kafka"
+
+
+#: Fixed names (SPEC section 5).
+KAFKA_TOPIC = "agent_turns"
+KAFKA_GROUP = "agent-dispatch"
+SQLITE_FILE = "agent_dispatch_queue.db"
+
+
+def _default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "agentdispatch"
+
+
+class Settings(BaseSettings):
+    """Every knob of agentdispatch, read from the environment and validated."""
+
+    model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore")
+
+    task_queue_backend: Backend | None = Field(default=None, alias="TASK_QUEUE_BACKEND")
+    state_db_uri: str | None = Field(default=None, alias="STATE_DB_URI")
+    data_dir: Path = Field(default_factory=_default_data_dir, alias="AGENT_DISPATCH_DATA_DIR")
+    kafka_bootstrap_servers: str | None = Field(default=None, alias="KAFKA_BOOTSTRAP_SERVERS")
+    agent_turns_partitions: int = Field(default=6, ge=1, alias="AGENT_TURNS_PARTITIONS")
+    max_depth: int = Field(default=100_000, ge=1, alias="AGENT_DISPATCH_MAX_DEPTH")
+    claim_ttl_s: float = Field(default=120.0, gt=0, alias="AGENT_DISPATCH_CLAIM_TTL_S")
+    renew_interval_s: float = Field(default=30.0, gt=0, alias="AGENT_DISPATCH_RENEW_INTERVAL_S")
+    max_attempts: int = Field(default=5, ge=1, alias="AGENT_DISPATCH_MAX_ATTEMPTS")
+    app: str | None = Field(default=None, alias="AGENT_DISPATCH_APP")
+    mesh_max_turns_per_agent: int = Field(default=4, ge=1, alias="MESH_MAX_TURNS_PER_AGENT")
+    mesh_max_turns: int = Field(default=16, ge=1, alias="MESH_MAX_TURNS")
+
+    @field_validator("task_queue_backend", mode="before")
+    @classmethod
+    def _lower_backend(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip().lower()
+            return value or None
+        return value
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Settings:
+        if self.claim_ttl_s > LEASE_RTO_S:
+            raise ValueError(
+                f"AGENT_DISPATCH_CLAIM_TTL_S={self.claim_ttl_s:g} is above the "
+                f"{LEASE_RTO_S:g} s recovery-time objective"
+            )
+        if self.renew_interval_s >= self.claim_ttl_s:
+            raise ValueError(
+                f"AGENT_DISPATCH_RENEW_INTERVAL_S={self.renew_interval_s:g} must be below "
+                f"AGENT_DISPATCH_CLAIM_TTL_S={self.claim_ttl_s:g}"
+            )
+        if self.backend is Backend.KAFKA and not self.kafka_bootstrap_servers:
+            raise ValueError("KAFKA_BOOTSTRAP_SERVERS is required with TASK_QUEUE_BACKEND=kafka")
+        if self.backend is Backend.POSTGRES and not self.state_db_uri:
+            raise ValueError("STATE_DB_URI is required with TASK_QUEUE_BACKEND=postgres")
+        return self
+
+    @property
+    def backend(self) -> Backend:
+        """The transport: explicit, or postgres when STATE_DB_URI is set, else sqlite."""
+        if self.task_queue_backend is not None:
+            return self.task_queue_backend
+        return Backend.POSTGRES if self.state_db_uri else Backend.SQLITE
+
+    @property
+    def sqlite_path(self) -> Path:
+        """The one SQLite file of the embedded default."""
+        return self.data_dir / SQLITE_FILE
+
+
+_FIELD_TO_ENV = {
+    name: (f.alias or name.upper()) for name, f in Settings.model_fields.items()
+}
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read and validate the environment; a bad value raises :class:`ConfigError`
+    naming the variable."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = [str(p) for p in err.get("loc", ())]
+        var = _FIELD_TO_ENV.get(loc[0], loc[0].upper()) if loc else None
+        msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+        if var and var not in msg:
+            msg = f"{var}: {msg}"
+        raise ConfigError(msg) from None

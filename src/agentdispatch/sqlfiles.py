@@ -1,0 +1,27 @@
+"""Named SQL queries kept in ``.sql`` files (``-- name: foo`` blocks)."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+
+_NAME = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
+
+
+@cache
+def queries(package: str, filename: str) -> dict[str, str]:
+    """Parse ``filename`` in ``package`` into ``{name: sql}``."""
+    text = resources.files(package).joinpath(filename).read_text()
+    parts = _NAME.split(text)
+    return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts), 2)}
+
+
+def migrations(package: str) -> list[tuple[int, str, str]]:
+    """Numbered migration files ``NNN_name.sql`` in ``package``, in order."""
+    found = []
+    for entry in resources.files(package).iterdir():
+        m = re.match(r"^(\d{3})_\w+\.sql$", entry.name)
+        if m:
+            found.append((int(m.group(1)), entry.name, entry.read_text()))
+    return sorted(found)

@@ -1,0 +1,93 @@
+"""SQLite connections shared by the SQLite store and transport: WAL,
+``BEGIN IMMEDIATE`` for every write, ``busy_timeout``, and
+``synchronous=FULL`` on the connections whose commits precede an
+acknowledgement."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import TaskQueueUnavailable
+
+BUSY_TIMEOUT_MS = 30_000
+NOW_SQL = "SELECT (julianday('now') - 2440587.5) * 86400.0"
+
+
+class SqliteDb:
+    """Thread-local connections to one WAL file (two per thread: a durable one
+    with ``synchronous=FULL`` and a fast one with ``NORMAL``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+
+    def _open(self, durable: bool) -> sqlite3.Connection:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
+            )
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise TaskQueueUnavailable(
+                    "the SQLite file system does not support WAL; set AGENT_DISPATCH_DATA_DIR "
+                    "to a local disk"
+                )
+            conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
+            conn.execute("PRAGMA foreign_keys = OFF")
+        except sqlite3.Error as exc:
+            raise TaskQueueUnavailable(
+                f"cannot open the SQLite queue ({type(exc).__name__}); check AGENT_DISPATCH_DATA_DIR"
+            ) from None
+        with self._lock:
+            self._all.append(conn)
+        return conn
+
+    def conn(self, durable: bool = False) -> sqlite3.Connection:
+        """This thread's connection of the given durability."""
+        attr = "durable" if durable else "fast"
+        conn: sqlite3.Connection | None = getattr(self._local, attr, None)
+        if conn is None:
+            conn = self._open(durable)
+            setattr(self._local, attr, conn)
+        return conn
+
+    @contextmanager
+    def tx(self, durable: bool = False) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` write transaction."""
+        conn = self.conn(durable)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise TaskQueueUnavailable(f"SQLite queue unavailable ({exc})") from None
+        try:
+            yield conn
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        else:
+            conn.execute("COMMIT")
+
+    def now(self) -> float:
+        """Database time (the host clock, as SQLite reads it)."""
+        return float(self.conn().execute(NOW_SQL).fetchone()[0])
+
+    def close(self) -> None:
+        """Close every connection this object opened."""
+        with self._lock:
+            for conn in self._all:
+                try:
+                    conn.close()
+                except sqlite3.Error:
+                    pass
+            self._all.clear()
+        self._local = threading.local()

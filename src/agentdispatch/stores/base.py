@@ -1,0 +1,194 @@
+"""The store seam: the WorkItem authority (claim, renew, commit, cancel, read).
+
+A store applies the pure transitions of :mod:`agentdispatch.workitem` atomically.
+Every transition that makes an item ``ready`` writes its envelope row into the
+store's ``agent_dispatch_queue`` table in the same transaction: for a transport
+on the same database that table *is* the queue; for Kafka it is the outbox a
+relay publishes from (``outbox_take`` / ``outbox_done``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Protocol, runtime_checkable
+
+from ..envelope import Envelope
+from ..workitem import Lease, Outcome, Status, WorkItem
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """A validated submission, ready to be inserted."""
+
+    job_id: str
+    tenant: str
+    session_id: str
+    kind: str
+    payload: Any
+    max_attempts: int
+    agent_name: str = ""
+    priority: int = 0
+    dependencies: tuple[str, ...] = ()
+    deadline_unix: float | None = None
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """One submission's result: the item, and whether this call created it."""
+
+    item: WorkItem
+    created: bool
+
+
+class ClaimKind(str, Enum):
+    """What a claim attempt found."""
+
+    CLAIMED = "claimed"  # the lease is yours; the item is running
+    SKIPPED = "skipped"  # terminal already: acknowledge the delivery
+    NOT_READY = "not_ready"  # waiting on dependencies: a fresh envelope will come
+    BUSY = "busy"  # live lease elsewhere, session busy or backoff: leave for later
+    EXPIRED = "expired"  # deadline passed: cancelled with reason ``expired``
+    MISSING = "missing"  # no such item: poison
+    TENANT_MISMATCH = "tenant_mismatch"  # envelope tenant differs: poison
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The answer of :meth:`Store.claim`."""
+
+    kind: ClaimKind
+    item: WorkItem | None = None
+    lease: Lease | None = None
+    retry_after_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One row of the side-effect ledger."""
+
+    key: str
+    job_id: str
+    state: str  # intended | committed | unknown | failed | released
+    epoch: int
+    result: Any = None
+    updated_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    """A heartbeat row of ``dispatch_workers``."""
+
+    worker_id: str
+    host: str
+    capacity: int
+    active_sessions: tuple[str, ...]
+    queue_backend: str
+    started_at: float
+    last_heartbeat: float = 0.0
+
+
+@dataclass
+class SweepReport:
+    """What one reconciler pass did."""
+
+    reclaimed: int = 0
+    dead_lettered: int = 0
+    expired: int = 0
+    redelivered: int = 0
+    dropped_rows: int = 0
+    details: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        """Number of repairs made."""
+        return self.reclaimed + self.dead_lettered + self.expired + self.redelivered
+
+
+@runtime_checkable
+class Store(Protocol):
+    """The WorkItem authority. Time is the database's clock."""
+
+    name: str
+
+    def migrate(self) -> None:
+        """Create or upgrade the schema."""
+
+    def ping(self) -> None:
+        """Raise :class:`TaskQueueUnavailable` unless the store answers and its
+        schema is current."""
+
+    def schema_version(self) -> int:
+        """The applied migration number (0 when none)."""
+
+    def close(self) -> None:
+        """Release connections."""
+
+    def submit(self, jobs: Sequence[NewJob], *, max_depth: int) -> list[Accepted]:
+        """Insert items and their envelopes atomically, admitting against
+        ``max_depth`` active items (raises :class:`QueueFull`)."""
+
+    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
+        """Claim and start an item for ``owner`` (epoch + 1, attempt + 1)."""
+
+    def renew(self, lease: Lease, ttl_s: float) -> Lease:
+        """Extend a live lease; raises :class:`LeaseLost` when fenced."""
+
+    def commit(self, lease: Lease, outcome: Outcome) -> WorkItem:
+        """Fenced, durable commit of a handler outcome (releases dependants)."""
+
+    def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> WorkItem:
+        """Cancel a non-terminal item (fencing out any holder)."""
+
+    def replay(self, job_id: str, tenant: str | None) -> WorkItem:
+        """Move a dead-lettered item back to ready as a new attempt."""
+
+    def get(self, job_id: str, tenant: str | None) -> WorkItem:
+        """Read one item (raises :class:`JobNotFound`; ``None`` tenant = admin)."""
+
+    def list(
+        self, *, tenant: str | None, status: Status | None, limit: int, offset: int
+    ) -> list[WorkItem]:
+        """Items newest first, optionally filtered."""
+
+    def counts(self, tenant: str | None) -> dict[str, int]:
+        """Number of items per status."""
+
+    def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
+        """Events (attempts, leases, outcomes) and side-effect ledger of a job."""
+
+    def effect_begin(self, lease: Lease, key: str, ttl_s: float) -> Effect | None:
+        """Renew the lease and mark ``key`` intended, in one fenced transaction.
+        Returns the committed record when the effect already ran (do not run it
+        again), ``None`` when the caller should run it now. Raises
+        :class:`LeaseLost` or :class:`EffectUnknown`."""
+
+    def effect_end(self, lease: Lease, key: str, *, ok: bool, result: Any) -> None:
+        """Record the effect as committed (``ok``) or failed."""
+
+    def record_poison(self, raw: str, reason: str) -> bool:
+        """Durably dead-letter an undeliverable envelope once; True when new."""
+
+    def poison(self, *, limit: int) -> list[dict[str, Any]]:
+        """Recorded poison envelopes, newest first."""
+
+    def sweep(self, *, redeliver_after_s: float) -> SweepReport:
+        """Reconcile: reclaim expired leases, cancel expired deadlines, and
+        re-enqueue ready items without an envelope (or, for external
+        transports, not re-published for ``redeliver_after_s``)."""
+
+    def heartbeat(self, row: WorkerRow) -> None:
+        """Upsert a worker's liveness row (stamped with database time)."""
+
+    def workers(self, *, max_age_s: float = 90.0) -> list[WorkerRow]:
+        """Live workers (heartbeat newer than ``max_age_s``)."""
+
+    def remove_worker(self, worker_id: str) -> None:
+        """Delete a worker's row at clean shutdown."""
+
+    def outbox_take(self, limit: int) -> list[tuple[int, Envelope]]:
+        """Envelope rows not yet handed to an external transport."""
+
+    def outbox_done(self, row_ids: Sequence[int]) -> None:
+        """Mark rows as delivered to the external transport (delete them)."""

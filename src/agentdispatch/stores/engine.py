@@ -1,0 +1,340 @@
+"""Store logic written once, over a transaction seam (:class:`Tx`).
+
+Each function runs inside one write transaction that a backend opened (SQLite
+``BEGIN IMMEDIATE``, PostgreSQL row locks). The functions load rows, apply the
+pure transitions of :mod:`agentdispatch.workitem`, and write back; the backend
+only supplies the SQL of :class:`Tx`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import replace
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from .. import workitem as wi
+from ..envelope import Envelope
+from ..errors import EffectUnknown, InvalidInput, JobNotFound, LeaseLost, QueueFull
+from ..policy import backoff_delay
+from ..workitem import Lease, Outcome, Status, WorkItem
+from .base import Accepted, Claim, ClaimKind, Effect, NewJob, SweepReport
+
+
+class Tx(Protocol):
+    """The SQL a backend supplies, inside one open write transaction."""
+
+    def now(self) -> float:
+        """Database time, seconds since the epoch."""
+
+    def load(self, job_id: str, *, lock: bool = True) -> WorkItem | None:
+        """One item (locked for update where the backend has row locks)."""
+
+    def insert(self, item: WorkItem) -> WorkItem:
+        """Insert a new item; returns it with its ``seq``."""
+
+    def save(self, item: WorkItem) -> None:
+        """Write back every mutable column of ``item``."""
+
+    def event(self, item: WorkItem, event: str, detail: str | None = None) -> None:
+        """Append one provenance row."""
+
+    def enqueue(self, item: WorkItem, envelope: Envelope, visible_at: float) -> None:
+        """Insert the item's envelope row into the queue/outbox table."""
+
+    def has_envelope(self, job_id: str) -> bool:
+        """Whether a queue/outbox row exists for the job."""
+
+    def add_dependencies(self, job_id: str, deps: Sequence[str]) -> None:
+        """Record that ``job_id`` waits on ``deps``."""
+
+    def dependants(self, job_id: str) -> list[str]:
+        """Jobs that wait on ``job_id``."""
+
+    def active_count(self) -> int:
+        """Number of non-terminal items (the admission depth)."""
+
+    def session_blocker(self, item: WorkItem, now: float) -> float | None:
+        """Seconds to wait when an earlier active item, or a live lease, of the
+        item's session exists; ``None`` when the item may run now."""
+
+    def effect_get(self, tenant: str, key: str) -> Effect | None:
+        """One ledger row."""
+
+    def effect_put(self, tenant: str, effect: Effect, now: float) -> None:
+        """Upsert one ledger row."""
+
+    def effects_of(self, job_id: str) -> list[Effect]:
+        """The ledger rows written by one job."""
+
+    def expired_leases(self, now: float, limit: int) -> list[WorkItem]:
+        """Held items whose lease expired."""
+
+    def expired_deadlines(self, now: float, limit: int) -> list[WorkItem]:
+        """Active items whose deadline passed."""
+
+    def stranded(self, now: float, redeliver_after_s: float, limit: int) -> list[WorkItem]:
+        """Ready items with no envelope row, or whose envelope was handed to an
+        external transport more than ``redeliver_after_s`` ago and not run."""
+
+    def drop_dead_rows(self) -> int:
+        """Delete queue rows whose item is terminal (never claimed ones)."""
+
+
+def envelope_of(item: WorkItem, now: float) -> Envelope:
+    """The envelope that delivers ``item``: references only."""
+    return Envelope(
+        job_id=item.id,
+        session_id=item.session_id,
+        kind=item.kind,
+        payload_ref=item.payload_ref,
+        agent_name=item.agent_name,
+        tenant=item.tenant,
+        priority=item.priority,
+        deadline_unix=item.deadline_unix,
+        attempt=item.attempt,
+        enqueued_at=now,
+    )
+
+
+def _make_ready(tx: Tx, item: WorkItem, now: float) -> None:
+    tx.enqueue(item, envelope_of(item, now), max(now, item.ready_at))
+
+
+def _save(tx: Tx, item: WorkItem, event: str, detail: str | None = None) -> WorkItem:
+    tx.save(item)
+    tx.event(item, event, detail)
+    return item
+
+
+def _owned(tx: Tx, job_id: str, tenant: str | None) -> WorkItem:
+    item = tx.load(job_id)
+    if item is None or (tenant is not None and item.tenant != tenant):
+        raise JobNotFound(job_id)
+    return item
+
+
+def submit(tx: Tx, jobs: Sequence[NewJob], max_depth: int) -> list[Accepted]:
+    """Insert new items (idempotently by id) after compare-and-admit."""
+    now = tx.now()
+    out: list[Accepted] = []
+    fresh: list[NewJob] = []
+    for job in jobs:
+        existing = tx.load(job.job_id)
+        if existing is not None:
+            if existing.tenant != job.tenant:
+                raise InvalidInput(f"job id {job.job_id} is not available")
+            out.append(Accepted(existing, created=False))
+        else:
+            fresh.append(job)
+    if fresh:
+        depth = tx.active_count()
+        if depth + len(fresh) > max_depth:
+            raise QueueFull(
+                f"queue full: {depth} active turns, bound AGENT_DISPATCH_MAX_DEPTH={max_depth}"
+            )
+    seen: dict[str, WorkItem] = {}
+    for job in fresh:
+        if job.job_id in seen:
+            out.append(Accepted(seen[job.job_id], created=False))
+            continue
+        item = wi.new_item(
+            job_id=job.job_id,
+            tenant=job.tenant,
+            session_id=job.session_id,
+            kind=job.kind,
+            payload=job.payload,
+            now=now,
+            max_attempts=job.max_attempts,
+            agent_name=job.agent_name,
+            priority=job.priority,
+            dependencies=job.dependencies,
+            deadline_unix=job.deadline_unix,
+        )
+        decision = "release"
+        if job.dependencies:
+            statuses: list[Status | None] = []
+            for dep in job.dependencies:
+                parent = seen.get(dep) or tx.load(dep, lock=False)
+                if parent is None or parent.tenant != job.tenant:
+                    raise InvalidInput(f"dependency {dep} of job {job.job_id} does not exist")
+                statuses.append(parent.status)
+            decision = wi.dependency_decision(statuses)
+        item = tx.insert(item)
+        tx.event(item, "submitted")
+        if job.dependencies:
+            tx.add_dependencies(item.id, job.dependencies)
+            if decision == "release":
+                item = _save(tx, wi.release(item, now), "released")
+            elif decision == "cancel":
+                item = _save(tx, wi.cancel(item, now, "dependency_failed"), "cancelled")
+        if item.status is Status.READY:
+            _make_ready(tx, item, now)
+        seen[item.id] = item
+        out.append(Accepted(item, created=True))
+    return out
+
+
+def claim(tx: Tx, job_id: str, tenant: str, owner: str, ttl_s: float) -> Claim:
+    """Claim and start ``job_id`` for ``owner`` if it may run now."""
+    now = tx.now()
+    item = tx.load(job_id)
+    if item is None:
+        return Claim(ClaimKind.MISSING)
+    if item.tenant != tenant:
+        return Claim(ClaimKind.TENANT_MISMATCH, item)
+    if item.status in wi.HELD:
+        if wi.lease_is_live(item, now):
+            assert item.lease_expires_at is not None
+            return Claim(ClaimKind.BUSY, item, retry_after_s=item.lease_expires_at - now)
+        item = _save(tx, wi.expire_lease(item, now), "lease_expired")
+        if item.status.terminal:
+            _cascade(tx, item, now)
+    if item.status.terminal:
+        return Claim(ClaimKind.SKIPPED, item)
+    if item.status is Status.SUBMITTED:
+        return Claim(ClaimKind.NOT_READY, item)
+    if wi.is_expired(item, now):
+        item = _cancel_cascade(tx, item, now, "expired")
+        return Claim(ClaimKind.EXPIRED, item)
+    if item.ready_at > now:
+        return Claim(ClaimKind.BUSY, item, retry_after_s=item.ready_at - now)
+    wait = tx.session_blocker(item, now)
+    if wait is not None:
+        return Claim(ClaimKind.BUSY, item, retry_after_s=wait)
+    token = secrets.token_hex(16)
+    item = wi.claim(item, owner=owner, token=token, now=now, ttl_s=ttl_s)
+    lease = wi.lease_of(item)
+    item = wi.start(item, lease, now)
+    _save(tx, item, "claimed", owner)
+    return Claim(ClaimKind.CLAIMED, item, lease)
+
+
+def renew(tx: Tx, lease: Lease, ttl_s: float) -> Lease:
+    """Extend a live lease or raise :class:`LeaseLost`."""
+    now = tx.now()
+    item = tx.load(lease.job_id)
+    if item is None:
+        raise LeaseLost(f"job {lease.job_id} vanished")
+    item = wi.renew(item, lease, now, ttl_s)
+    tx.save(item)
+    return wi.lease_of(item)
+
+
+def commit(tx: Tx, lease: Lease, outcome: Outcome, backoff_s: float | None = None) -> WorkItem:
+    """The fenced commit; releases or cancels dependants atomically."""
+    now = tx.now()
+    item = tx.load(lease.job_id)
+    if item is None:
+        raise LeaseLost(f"job {lease.job_id} vanished")
+    delay = backoff_s if backoff_s is not None else backoff_delay(item.attempt)
+    done = wi.commit(item, lease, outcome, now, delay)
+    if done is item:
+        return item
+    detail = None if outcome.ok else (outcome.error or "")[:500]
+    _save(tx, done, "committed", detail)
+    if done.status is Status.READY:
+        _make_ready(tx, done, now)
+    elif done.status.terminal:
+        _cascade(tx, done, now)
+    return done
+
+
+def _cascade(tx: Tx, parent: WorkItem, now: float) -> None:
+    """Release dependants when ``parent`` succeeded, cancel them otherwise."""
+    for dep_id in tx.dependants(parent.id):
+        child = tx.load(dep_id)
+        if child is None or child.status is not Status.SUBMITTED:
+            continue
+        statuses: list[Status | None] = []
+        for pid in child.dependencies:
+            p = parent if pid == parent.id else tx.load(pid, lock=False)
+            statuses.append(None if p is None else p.status)
+        decision = wi.dependency_decision(statuses)
+        if decision == "release":
+            child = _save(tx, wi.release(child, now), "released")
+            _make_ready(tx, child, now)
+        elif decision == "cancel":
+            _cancel_cascade(tx, child, now, f"dependency_failed:{parent.id}")
+
+
+def _cancel_cascade(tx: Tx, item: WorkItem, now: float, reason: str) -> WorkItem:
+    done = _save(tx, wi.cancel(item, now, reason), "cancelled", reason)
+    _cascade(tx, done, now)
+    return done
+
+
+def cancel(tx: Tx, job_id: str, tenant: str | None, reason: str) -> WorkItem:
+    """Cancel any non-terminal item; a terminal one is returned unchanged."""
+    item = _owned(tx, job_id, tenant)
+    if item.status.terminal:
+        return item
+    return _cancel_cascade(tx, item, tx.now(), reason)
+
+
+def replay(tx: Tx, job_id: str, tenant: str | None, extra_attempts: int) -> WorkItem:
+    """dead_letter -> ready; unknown side effects become ``released``."""
+    item = _owned(tx, job_id, tenant)
+    now = tx.now()
+    item = _save(tx, wi.replay(item, now, extra_attempts), "replayed")
+    for eff in tx.effects_of(item.id):
+        if eff.state == "unknown":
+            tx.effect_put(
+                item.tenant,
+                Effect(eff.key, eff.job_id, "released", eff.epoch, eff.result),
+                now,
+            )
+    _make_ready(tx, item, now)
+    return item
+
+
+def effect_begin(tx: Tx, lease: Lease, key: str, ttl_s: float) -> Effect | None:
+    """Renew + fence + mark intended, or return the committed record."""
+    now = tx.now()
+    item = tx.load(lease.job_id)
+    if item is None:
+        raise LeaseLost(f"job {lease.job_id} vanished")
+    tx.save(wi.renew(item, lease, now, ttl_s))
+    eff = tx.effect_get(lease.tenant, key)
+    if eff is not None and eff.state == "committed":
+        return eff
+    if eff is not None and eff.state in ("intended", "unknown"):
+        if eff.state == "intended" and eff.epoch == lease.epoch:
+            raise EffectUnknown(f"side effect {key!r} is already in flight in this attempt")
+        tx.effect_put(lease.tenant, Effect(key, eff.job_id, "unknown", eff.epoch), now)
+        raise EffectUnknown(
+            f"side effect {key!r} was started by attempt epoch {eff.epoch} and never "
+            "confirmed; inspect it, then replay the job from the dead-letter queue"
+        )
+    tx.effect_put(lease.tenant, Effect(key, lease.job_id, "intended", lease.epoch), now)
+    return None
+
+
+def effect_end(tx: Tx, lease: Lease, key: str, ok: bool, result: Any) -> None:
+    """Record the truth about an effect, fence or no fence: it happened."""
+    state = "committed" if ok else "failed"
+    tx.effect_put(lease.tenant, Effect(key, lease.job_id, state, lease.epoch, result), tx.now())
+
+
+def sweep(tx: Tx, redeliver_after_s: float, limit: int = 500) -> SweepReport:
+    """One reconciler pass (see :meth:`Store.sweep`)."""
+    now = tx.now()
+    report = SweepReport()
+    for item in tx.expired_leases(now, limit):
+        done = _save(tx, wi.expire_lease(item, now), "lease_expired")
+        if done.status is Status.READY:
+            report.reclaimed += 1
+            _make_ready(tx, done, now)
+        else:
+            report.dead_lettered += 1
+            _cascade(tx, done, now)
+    for item in tx.expired_deadlines(now, limit):
+        _cancel_cascade(tx, item, now, "expired")
+        report.expired += 1
+    for item in tx.stranded(now, redeliver_after_s, limit):
+        # Touch the item so the next pass waits another grace period.
+        item = _save(tx, replace(item, updated_at=now), "redelivered")
+        _make_ready(tx, item, now)
+        report.redelivered += 1
+    report.dropped_rows = tx.drop_dead_rows()
+    return report

@@ -1,0 +1,67 @@
+"""Mapping between SQL rows and :class:`WorkItem` (shared by SQL stores)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from ..workitem import Status, WorkItem
+
+
+def item_from_row(row: Mapping[str, Any]) -> WorkItem:
+    """Build a WorkItem from a ``work_items`` row."""
+    payload = row["payload"]
+    result = row["result"]
+    deps = row["dependencies"]
+    return WorkItem(
+        id=row["id"],
+        tenant=row["tenant"],
+        session_id=row["session_id"],
+        kind=row["kind"],
+        payload=json.loads(payload) if isinstance(payload, str) else payload,
+        status=Status(row["status"]),
+        created_at=float(row["created_at"]),
+        ready_at=float(row["ready_at"]),
+        updated_at=float(row["updated_at"]),
+        max_attempts=int(row["max_attempts"]),
+        agent_name=row["agent_name"],
+        priority=int(row["priority"]),
+        attempt=int(row["attempts"]),
+        dependencies=tuple(json.loads(deps) if isinstance(deps, str) else deps),
+        deadline_unix=row["deadline_unix"],
+        reason=row["reason"],
+        seq=int(row["seq"]),
+        lease_owner=row["lease_owner"],
+        lease_epoch=int(row["lease_epoch"]),
+        lease_token=row["lease_token"],
+        lease_expires_at=row["lease_expires_at"],
+        result=json.loads(result) if isinstance(result, str) else result,
+        error=row["error"],
+        completed_at=row["completed_at"],
+    )
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON for a column."""
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def mutable_params(item: WorkItem) -> dict[str, Any]:
+    """The columns a transition may change, keyed for named parameters."""
+    return {
+        "id": item.id,
+        "status": item.status.value,
+        "reason": item.reason,
+        "attempts": item.attempt,
+        "max_attempts": item.max_attempts,
+        "ready_at": item.ready_at,
+        "updated_at": item.updated_at,
+        "completed_at": item.completed_at,
+        "lease_owner": item.lease_owner,
+        "lease_epoch": item.lease_epoch,
+        "lease_token": item.lease_token,
+        "lease_expires_at": item.lease_expires_at,
+        "result": None if item.result is None else dumps(item.result),
+        "error": item.error,
+    }

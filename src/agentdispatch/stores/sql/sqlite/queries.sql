@@ -1,0 +1,129 @@
+-- name: load
+SELECT * FROM work_items WHERE id = ?
+
+-- name: insert
+INSERT INTO work_items (
+    id, tenant, session_id, session_ref, kind, agent_name, payload, priority, status,
+    reason, attempts, max_attempts, dependencies, deadline_unix, created_at, ready_at,
+    updated_at, lease_epoch
+) VALUES (
+    :id, :tenant, :session_id, :session_ref, :kind, :agent_name, :payload, :priority, :status,
+    :reason, :attempts, :max_attempts, :dependencies, :deadline_unix, :created_at, :ready_at,
+    :updated_at, :lease_epoch
+) RETURNING seq
+
+-- name: save
+UPDATE work_items SET
+    status = :status, reason = :reason, attempts = :attempts, max_attempts = :max_attempts,
+    ready_at = :ready_at, updated_at = :updated_at, completed_at = :completed_at,
+    lease_owner = :lease_owner, lease_epoch = :lease_epoch, lease_token = :lease_token,
+    lease_expires_at = :lease_expires_at, result = :result, error = :error
+WHERE id = :id
+
+-- name: event
+INSERT INTO work_events (job_id, at, event, status, attempt, epoch, detail)
+VALUES (?, ?, ?, ?, ?, ?, ?)
+
+-- name: enqueue
+INSERT INTO agent_dispatch_queue (
+    job_id, item_seq, session_ref, tenant_ref, priority, deadline_unix, envelope,
+    enqueued_at, visible_at
+) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+
+-- name: has_envelope
+SELECT 1 FROM agent_dispatch_queue WHERE job_id = ? LIMIT 1
+
+-- name: add_dependency
+INSERT OR IGNORE INTO work_dependencies (depends_on, job_id) VALUES (?, ?)
+
+-- name: dependants
+SELECT job_id FROM work_dependencies WHERE depends_on = ?
+
+-- name: active_count
+SELECT count(*) FROM work_items INDEXED BY work_items_session_active
+WHERE status IN ('submitted', 'ready', 'leased', 'running')
+
+-- name: session_blocker
+SELECT status, lease_expires_at, ready_at FROM work_items INDEXED BY work_items_session_active
+WHERE session_ref = :session_ref
+  AND status IN ('submitted', 'ready', 'leased', 'running')
+  AND id != :id
+  AND (seq < :seq OR status IN ('leased', 'running'))
+LIMIT 1
+
+-- name: effect_get
+SELECT * FROM side_effects WHERE tenant = ? AND key = ?
+
+-- name: effect_put
+INSERT INTO side_effects (tenant, key, job_id, state, epoch, result, created_at, updated_at)
+VALUES (:tenant, :key, :job_id, :state, :epoch, :result, :now, :now)
+ON CONFLICT (tenant, key) DO UPDATE SET
+    state = excluded.state, epoch = excluded.epoch, result = excluded.result,
+    updated_at = excluded.updated_at
+
+-- name: effects_of
+SELECT * FROM side_effects WHERE job_id = ? ORDER BY created_at
+
+-- name: expired_leases
+SELECT * FROM work_items INDEXED BY work_items_held
+WHERE status IN ('leased', 'running') AND lease_expires_at <= ?
+ORDER BY lease_expires_at LIMIT ?
+
+-- name: expired_deadlines
+SELECT * FROM work_items INDEXED BY work_items_deadline
+WHERE deadline_unix IS NOT NULL AND deadline_unix <= ?
+  AND status IN ('submitted', 'ready', 'leased', 'running')
+LIMIT ?
+
+-- name: stranded
+SELECT w.* FROM work_items w INDEXED BY work_items_ready
+WHERE w.status = 'ready' AND w.ready_at <= :now
+  AND NOT EXISTS (SELECT 1 FROM agent_dispatch_queue q WHERE q.job_id = w.id)
+  AND w.updated_at <= :now - :grace
+LIMIT :limit
+
+-- name: drop_dead_rows
+DELETE FROM agent_dispatch_queue
+WHERE claimed_by IS NULL AND job_id IN (
+    SELECT q.job_id FROM agent_dispatch_queue q JOIN work_items w ON w.id = q.job_id
+    WHERE w.status IN ('succeeded', 'failed', 'cancelled', 'dead_letter')
+    LIMIT 500
+)
+
+-- name: list
+SELECT * FROM work_items
+WHERE (:tenant IS NULL OR tenant = :tenant) AND (:status IS NULL OR status = :status)
+ORDER BY seq DESC LIMIT :limit OFFSET :offset
+
+-- name: counts
+SELECT status, count(*) AS n FROM work_items
+WHERE (:tenant IS NULL OR tenant = :tenant) GROUP BY status
+
+-- name: events_of
+SELECT at, event, status, attempt, epoch, detail FROM work_events WHERE job_id = ? ORDER BY id
+
+-- name: record_poison
+INSERT OR IGNORE INTO poison_envelopes (digest, raw, reason, created_at) VALUES (?, ?, ?, ?)
+
+-- name: poison
+SELECT digest, raw, reason, created_at FROM poison_envelopes ORDER BY created_at DESC LIMIT ?
+
+-- name: heartbeat
+INSERT INTO dispatch_workers (
+    worker_id, host, capacity, active_sessions, queue_backend, started_at, last_heartbeat
+) VALUES (?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (worker_id) DO UPDATE SET
+    capacity = excluded.capacity, active_sessions = excluded.active_sessions,
+    last_heartbeat = excluded.last_heartbeat
+
+-- name: workers
+SELECT * FROM dispatch_workers WHERE last_heartbeat >= ? ORDER BY started_at, worker_id
+
+-- name: remove_worker
+DELETE FROM dispatch_workers WHERE worker_id = ?
+
+-- name: outbox_take
+SELECT id, envelope FROM agent_dispatch_queue ORDER BY id LIMIT ?
+
+-- name: outbox_done
+DELETE FROM agent_dispatch_queue WHERE id = ?

@@ -1,0 +1,363 @@
+"""The SQLite store: WorkItems in one WAL file, for one host."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import sqlite3
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..envelope import Envelope
+from ..errors import TaskQueueUnavailable
+from ..policy import opaque_ref
+from ..sqlfiles import migrations, queries
+from ..sqlite_db import SqliteDb
+from ..workitem import Lease, Outcome, Status, WorkItem
+from . import engine
+from .base import Accepted, Claim, Effect, NewJob, SweepReport, WorkerRow
+from .rows import dumps, item_from_row, mutable_params
+
+_SQL_PKG = "agentdispatch.stores.sql.sqlite"
+Q = queries(_SQL_PKG, "queries.sql")
+
+
+class SqliteTx:
+    """:class:`engine.Tx` over one open ``BEGIN IMMEDIATE`` transaction."""
+
+    def __init__(self, conn: sqlite3.Connection, ref_key: bytes) -> None:
+        self.c = conn
+        self.ref_key = ref_key
+        self._now: float | None = None
+
+    def now(self) -> float:
+        if self._now is None:
+            self._now = float(self.c.execute("SELECT (julianday('now') - 2440587.5) * 86400.0").fetchone()[0])
+        return self._now
+
+    def load(self, job_id: str, *, lock: bool = True) -> WorkItem | None:
+        row = self.c.execute(Q["load"], (job_id,)).fetchone()
+        return None if row is None else item_from_row(row)
+
+    def session_ref(self, item: WorkItem) -> str:
+        return opaque_ref(self.ref_key, "session", item.tenant, item.session_id)
+
+    def insert(self, item: WorkItem) -> WorkItem:
+        params = mutable_params(item)
+        params.update(
+            tenant=item.tenant,
+            session_id=item.session_id,
+            session_ref=self.session_ref(item),
+            kind=item.kind,
+            agent_name=item.agent_name,
+            payload=dumps(item.payload),
+            priority=item.priority,
+            dependencies=dumps(list(item.dependencies)),
+            deadline_unix=item.deadline_unix,
+            created_at=item.created_at,
+        )
+        seq = self.c.execute(Q["insert"], params).fetchone()[0]
+        return replace(item, seq=int(seq))
+
+    def save(self, item: WorkItem) -> None:
+        self.c.execute(Q["save"], mutable_params(item))
+
+    def event(self, item: WorkItem, event: str, detail: str | None = None) -> None:
+        self.c.execute(
+            Q["event"],
+            (item.id, self.now(), event, item.status.value, item.attempt, item.lease_epoch, detail),
+        )
+
+    def enqueue(self, item: WorkItem, envelope: Envelope, visible_at: float) -> None:
+        self.c.execute(
+            Q["enqueue"],
+            (
+                item.id,
+                item.seq,
+                self.session_ref(item),
+                opaque_ref(self.ref_key, "tenant", item.tenant),
+                item.priority,
+                item.deadline_unix,
+                envelope.to_json(),
+                self.now(),
+                visible_at,
+            ),
+        )
+
+    def has_envelope(self, job_id: str) -> bool:
+        return self.c.execute(Q["has_envelope"], (job_id,)).fetchone() is not None
+
+    def add_dependencies(self, job_id: str, deps: Sequence[str]) -> None:
+        self.c.executemany(Q["add_dependency"], [(d, job_id) for d in deps])
+
+    def dependants(self, job_id: str) -> list[str]:
+        return [r[0] for r in self.c.execute(Q["dependants"], (job_id,))]
+
+    def active_count(self) -> int:
+        return int(self.c.execute(Q["active_count"]).fetchone()[0])
+
+    def session_blocker(self, item: WorkItem, now: float) -> float | None:
+        row = self.c.execute(
+            Q["session_blocker"],
+            {"session_ref": self.session_ref(item), "id": item.id, "seq": item.seq},
+        ).fetchone()
+        if row is None:
+            return None
+        if row["status"] in ("leased", "running") and row["lease_expires_at"] is not None:
+            return max(0.05, min(5.0, float(row["lease_expires_at"]) - now))
+        return 0.5
+
+    def effect_get(self, tenant: str, key: str) -> Effect | None:
+        row = self.c.execute(Q["effect_get"], (tenant, key)).fetchone()
+        return None if row is None else _effect(row)
+
+    def effect_put(self, tenant: str, effect: Effect, now: float) -> None:
+        self.c.execute(
+            Q["effect_put"],
+            {
+                "tenant": tenant,
+                "key": effect.key,
+                "job_id": effect.job_id,
+                "state": effect.state,
+                "epoch": effect.epoch,
+                "result": None if effect.result is None else dumps(effect.result),
+                "now": now,
+            },
+        )
+
+    def effects_of(self, job_id: str) -> list[Effect]:
+        return [_effect(r) for r in self.c.execute(Q["effects_of"], (job_id,))]
+
+    def expired_leases(self, now: float, limit: int) -> list[WorkItem]:
+        return [item_from_row(r) for r in self.c.execute(Q["expired_leases"], (now, limit))]
+
+    def expired_deadlines(self, now: float, limit: int) -> list[WorkItem]:
+        return [item_from_row(r) for r in self.c.execute(Q["expired_deadlines"], (now, limit))]
+
+    def stranded(self, now: float, redeliver_after_s: float, limit: int) -> list[WorkItem]:
+        rows = self.c.execute(
+            Q["stranded"], {"now": now, "grace": redeliver_after_s, "limit": limit}
+        )
+        return [item_from_row(r) for r in rows]
+
+    def drop_dead_rows(self) -> int:
+        return self.c.execute(Q["drop_dead_rows"]).rowcount
+
+
+def _effect(row: sqlite3.Row) -> Effect:
+    return Effect(
+        key=row["key"],
+        job_id=row["job_id"],
+        state=row["state"],
+        epoch=int(row["epoch"]),
+        result=None if row["result"] is None else json.loads(row["result"]),
+        updated_at=float(row["updated_at"]),
+    )
+
+
+class SqliteStore:
+    """The WorkItem authority in one SQLite file (WAL, BEGIN IMMEDIATE)."""
+
+    name = "sqlite"
+
+    def __init__(self, path: Path, *, extra_attempts: int = 5) -> None:
+        self.db = SqliteDb(path)
+        self.extra_attempts = extra_attempts
+        self._ref_key: bytes | None = None
+
+    # -- plumbing -----------------------------------------------------------
+    @contextmanager
+    def _tx(self, durable: bool = False) -> Iterator[SqliteTx]:
+        with self.db.tx(durable) as conn:
+            yield SqliteTx(conn, self._key())
+
+    def _key(self) -> bytes:
+        if self._ref_key is None:
+            row = self.db.conn().execute(
+                "SELECT value FROM dispatch_meta WHERE key = 'ref_key'"
+            ).fetchone()
+            if row is None:
+                raise TaskQueueUnavailable("the SQLite queue has no schema; run `agentdispatch migrate`")
+            self._ref_key = bytes.fromhex(row[0])
+        return self._ref_key
+
+    def migrate(self) -> None:
+        with self.db.tx(durable=True) as c:
+            c.execute("CREATE TABLE IF NOT EXISTS dispatch_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            row = c.execute("SELECT value FROM dispatch_meta WHERE key = 'schema_version'").fetchone()
+            current = int(row[0]) if row else 0
+            for number, _name, sql in migrations(_SQL_PKG):
+                if number > current:
+                    for statement in _statements(sql):
+                        c.execute(statement)
+                    current = number
+            c.execute(
+                "INSERT INTO dispatch_meta (key, value) VALUES ('schema_version', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (str(current),),
+            )
+            c.execute(
+                "INSERT OR IGNORE INTO dispatch_meta (key, value) VALUES ('ref_key', ?)",
+                (secrets.token_hex(32),),
+            )
+
+    def schema_version(self) -> int:
+        try:
+            row = self.db.conn().execute(
+                "SELECT value FROM dispatch_meta WHERE key = 'schema_version'"
+            ).fetchone()
+        except sqlite3.OperationalError:
+            return 0
+        return int(row[0]) if row else 0
+
+    def ping(self) -> None:
+        want = migrations(_SQL_PKG)[-1][0]
+        have = self.schema_version()
+        if have < want:
+            raise TaskQueueUnavailable(
+                f"SQLite schema version {have} is older than {want}; run `agentdispatch migrate`"
+            )
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- lifecycle ----------------------------------------------------------
+    def submit(self, jobs: Sequence[NewJob], *, max_depth: int) -> list[Accepted]:
+        with self._tx(durable=True) as tx:
+            return engine.submit(tx, jobs, max_depth)
+
+    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
+        with self._tx() as tx:
+            return engine.claim(tx, job_id, tenant, owner, ttl_s)
+
+    def renew(self, lease: Lease, ttl_s: float) -> Lease:
+        with self._tx() as tx:
+            return engine.renew(tx, lease, ttl_s)
+
+    def commit(self, lease: Lease, outcome: Outcome) -> WorkItem:
+        with self._tx(durable=True) as tx:
+            return engine.commit(tx, lease, outcome)
+
+    def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> WorkItem:
+        with self._tx(durable=True) as tx:
+            return engine.cancel(tx, job_id, tenant, reason)
+
+    def replay(self, job_id: str, tenant: str | None) -> WorkItem:
+        with self._tx(durable=True) as tx:
+            return engine.replay(tx, job_id, tenant, self.extra_attempts)
+
+    # -- reads --------------------------------------------------------------
+    def get(self, job_id: str, tenant: str | None) -> WorkItem:
+        from ..errors import JobNotFound
+
+        row = self.db.conn().execute(Q["load"], (job_id,)).fetchone()
+        if row is None or (tenant is not None and row["tenant"] != tenant):
+            raise JobNotFound(job_id)
+        return item_from_row(row)
+
+    def list(
+        self, *, tenant: str | None, status: Status | None, limit: int, offset: int
+    ) -> list[WorkItem]:
+        rows = self.db.conn().execute(
+            Q["list"],
+            {
+                "tenant": tenant,
+                "status": None if status is None else status.value,
+                "limit": limit,
+                "offset": offset,
+            },
+        )
+        return [item_from_row(r) for r in rows]
+
+    def counts(self, tenant: str | None) -> dict[str, int]:
+        rows = self.db.conn().execute(Q["counts"], {"tenant": tenant})
+        return {r["status"]: int(r["n"]) for r in rows}
+
+    def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
+        item = self.get(job_id, tenant)
+        conn = self.db.conn()
+        events = [dict(r) for r in conn.execute(Q["events_of"], (job_id,))]
+        effects = [
+            {"key": e.key, "state": e.state, "epoch": e.epoch, "result": e.result}
+            for e in (_effect(r) for r in conn.execute(Q["effects_of"], (job_id,)))
+        ]
+        return {"job": item.view(), "events": events, "side_effects": effects}
+
+    # -- side effects, poison ----------------------------------------------
+    def effect_begin(self, lease: Lease, key: str, ttl_s: float) -> Effect | None:
+        with self._tx(durable=True) as tx:
+            return engine.effect_begin(tx, lease, key, ttl_s)
+
+    def effect_end(self, lease: Lease, key: str, *, ok: bool, result: Any) -> None:
+        with self._tx(durable=True) as tx:
+            engine.effect_end(tx, lease, key, ok, result)
+
+    def record_poison(self, raw: str, reason: str) -> bool:
+        digest = hashlib.sha256(raw.encode()).hexdigest()
+        with self._tx(durable=True) as tx:
+            cur = tx.c.execute(Q["record_poison"], (digest, raw[:65536], reason, tx.now()))
+            return cur.rowcount == 1
+
+    def poison(self, *, limit: int) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.db.conn().execute(Q["poison"], (limit,))]
+
+    # -- reconciler, fleet, outbox -----------------------------------------
+    def sweep(self, *, redeliver_after_s: float) -> SweepReport:
+        with self._tx(durable=True) as tx:
+            return engine.sweep(tx, redeliver_after_s)
+
+    def heartbeat(self, row: WorkerRow) -> None:
+        with self._tx() as tx:
+            tx.c.execute(
+                Q["heartbeat"],
+                (
+                    row.worker_id,
+                    row.host,
+                    row.capacity,
+                    json.dumps(list(row.active_sessions)),
+                    row.queue_backend,
+                    row.started_at,
+                    tx.now(),
+                ),
+            )
+
+    def workers(self, *, max_age_s: float = 90.0) -> list[WorkerRow]:
+        rows = self.db.conn().execute(Q["workers"], (self.db.now() - max_age_s,))
+        return [
+            WorkerRow(
+                worker_id=r["worker_id"],
+                host=r["host"],
+                capacity=int(r["capacity"]),
+                active_sessions=tuple(json.loads(r["active_sessions"])),
+                queue_backend=r["queue_backend"],
+                started_at=float(r["started_at"]),
+                last_heartbeat=float(r["last_heartbeat"]),
+            )
+            for r in rows
+        ]
+
+    def remove_worker(self, worker_id: str) -> None:
+        with self._tx() as tx:
+            tx.c.execute(Q["remove_worker"], (worker_id,))
+
+    def outbox_take(self, limit: int) -> list[tuple[int, Envelope]]:
+        rows = self.db.conn().execute(Q["outbox_take"], (limit,))
+        return [(int(r["id"]), Envelope.from_json(r["envelope"])) for r in rows]
+
+    def outbox_done(self, row_ids: Sequence[int]) -> None:
+        with self._tx() as tx:
+            tx.c.executemany(Q["outbox_done"], [(i,) for i in row_ids])
+
+
+def _statements(sql: str) -> list[str]:
+    """Split a migration into statements (no ``;`` inside our literals)."""
+    out = []
+    for chunk in sql.split(";"):
+        code = "\n".join(ln for ln in chunk.splitlines() if not ln.strip().startswith("--"))
+        if code.strip():
+            out.append(code.strip())
+    return out

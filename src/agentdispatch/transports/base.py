@@ -1,0 +1,65 @@
+"""The transport seam: moving envelopes (put, get, ack, release, depth)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from ..stores.base import Store
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """Proof of one delivery: who claimed it and when. Opaque to callers."""
+
+    owner: str
+    claimed_at: float
+    ref: Any  # backend-specific: row id, (partition, offset), ...
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One envelope handed to one consumer."""
+
+    raw: str
+    receipt: Receipt
+    deliveries: int = 1
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Delivers envelopes at least once."""
+
+    name: str
+    #: How long a ready item may sit without a queue row before the reconciler
+    #: re-enqueues it (short on a shared database; about a TTL on Kafka).
+    redeliver_after_s: float
+
+    def ping(self) -> None:
+        """Raise :class:`TaskQueueUnavailable` unless the transport answers."""
+
+    def admit(self, n: int, max_depth: int) -> None:
+        """Extra admission before a submit (Kafka: consumer-group lag). Raise
+        :class:`QueueFull` or :class:`DepthUnavailable`. Same-database
+        transports admit inside the store's submit transaction instead."""
+
+    def relay(self, store: Store) -> int:
+        """Publish the store's outbox; returns how many envelopes went out.
+        Same-database transports read the store's table directly: 0."""
+
+    def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
+        """Receive one envelope for ``owner`` (each worker thread is an owner)."""
+
+    def ack(self, delivery: Delivery) -> bool:
+        """Acknowledge; False (and nothing deleted) when the receipt no longer
+        owns the delivery."""
+
+    def release(self, delivery: Delivery, delay_s: float) -> None:
+        """Give a delivery back, visible again after ``delay_s``."""
+
+    def depth(self) -> int:
+        """Unclaimed envelopes; raise :class:`DepthUnavailable` when unknown."""
+
+    def close(self) -> None:
+        """Release connections/consumers."""

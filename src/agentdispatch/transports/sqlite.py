@@ -1,0 +1,95 @@
+"""The SQLite transport: the store's ``agent_dispatch_queue`` table, claimed
+with one ``BEGIN IMMEDIATE; UPDATE ... RETURNING; COMMIT``."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import DepthUnavailable, TaskQueueUnavailable
+from ..sqlfiles import queries
+from ..sqlite_db import NOW_SQL, SqliteDb
+from .base import Delivery, Receipt
+
+if TYPE_CHECKING:
+    from ..stores.base import Store
+
+Q = queries("agentdispatch.transports.sql", "sqlite.sql")
+
+
+class SqliteTransport:
+    """Envelopes in the same SQLite file as the WorkItems."""
+
+    name = "sqlite"
+    redeliver_after_s = 1.0
+
+    def __init__(self, path: Path, *, poll_s: float = 0.05) -> None:
+        self.db = SqliteDb(path)
+        self.poll_s = poll_s
+        self._wake = threading.Event()
+
+    def ping(self) -> None:
+        try:
+            self.db.conn().execute("SELECT count(*) FROM agent_dispatch_queue WHERE 0").fetchone()
+        except sqlite3.Error:
+            raise TaskQueueUnavailable(
+                "the SQLite queue table is missing; run `agentdispatch migrate`"
+            ) from None
+
+    def admit(self, n: int, max_depth: int) -> None:
+        """Admission happens inside the store's submit transaction."""
+
+    def relay(self, store: Store) -> int:
+        """The store writes this table directly: nothing to relay."""
+        return 0
+
+    def _get_once(self, owner: str, visibility_s: float) -> Delivery | None:
+        with self.db.tx() as c:
+            now = float(c.execute(NOW_SQL).fetchone()[0])
+            params = {"owner": owner, "now": now, "vis": visibility_s}
+            row = c.execute(Q["get_expired"], params).fetchone()
+            if row is None:
+                row = c.execute(Q["get"], params).fetchone()
+        if row is None:
+            return None
+        return Delivery(
+            raw=row["envelope"],
+            receipt=Receipt(owner=owner, claimed_at=now, ref=int(row["id"])),
+            deliveries=int(row["deliveries"]),
+        )
+
+    def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
+        deadline = time.monotonic() + wait_s
+        while True:
+            got = self._get_once(owner, visibility_s)
+            if got is not None or time.monotonic() >= deadline:
+                return got
+            self._wake.wait(min(self.poll_s, max(0.0, deadline - time.monotonic())))
+            self._wake.clear()
+
+    def _receipt_params(self, delivery: Delivery) -> dict[str, object]:
+        r = delivery.receipt
+        return {"id": r.ref, "owner": r.owner, "claimed_at": r.claimed_at}
+
+    def ack(self, delivery: Delivery) -> bool:
+        with self.db.tx() as c:
+            return c.execute(Q["ack"], self._receipt_params(delivery)).rowcount == 1
+
+    def release(self, delivery: Delivery, delay_s: float) -> None:
+        with self.db.tx() as c:
+            now = float(c.execute(NOW_SQL).fetchone()[0])
+            c.execute(Q["release"], {**self._receipt_params(delivery), "now": now, "delay": delay_s})
+
+    def depth(self) -> int:
+        try:
+            c = self.db.conn()
+            now = float(c.execute(NOW_SQL).fetchone()[0])
+            return int(c.execute(Q["depth"], {"now": now}).fetchone()[0])
+        except (sqlite3.Error, TaskQueueUnavailable) as exc:
+            raise DepthUnavailable(f"queue depth unavailable ({type(exc).__name__})") from None
+
+    def close(self) -> None:
+        self.db.close()

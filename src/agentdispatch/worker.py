@@ -1,0 +1,276 @@
+"""claim -> guard -> run handler -> fenced commit -> ack, on N threads."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .envelope import Envelope
+from .errors import (
+    AgentDispatchError,
+    EffectUnknown,
+    InvalidEnvelope,
+    LeaseLost,
+    NonRetryableError,
+    TaskQueueUnavailable,
+)
+from .fleet import host_label, new_worker_id
+from .handlers import Registry, Turn, run_handler
+from .lease import LeaseGuard, _jsonable
+from .metrics import Metrics
+from .policy import Backpressure
+from .reconciler import Reconciler
+from .settings import Settings
+from .stores.base import ClaimKind, Store, WorkerRow
+from .transports.base import Delivery, Transport
+from .workitem import Outcome, Status, WorkItem
+
+log = logging.getLogger("agentdispatch.worker")
+
+
+@dataclass
+class WorkerOptions:
+    """Knobs of one worker process."""
+
+    threads: int = 1
+    grace_s: float = 30.0
+    heartbeat_s: float = 30.0
+    get_wait_s: float = 0.5
+    reconcile: bool = True
+
+
+@dataclass
+class _State:
+    active: dict[int, str] = field(default_factory=dict)
+    last_beat: float = 0.0
+
+
+class Worker:
+    """One worker process: N claim threads, a heartbeat, a reconciler."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        transport: Transport,
+        registry: Registry,
+        *,
+        options: WorkerOptions | None = None,
+        metrics: Metrics | None = None,
+        worker_id: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.transport = transport
+        self.registry = registry
+        self.options = options or WorkerOptions()
+        self.metrics = metrics or Metrics()
+        self.worker_id = worker_id or new_worker_id()
+        self.stopping = threading.Event()
+        self._state = _State()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._started_at = time.time()
+        self.backpressure = Backpressure()
+
+    # -- lifecycle ----------------------------------------------------------
+    def preflight(self) -> None:
+        """Raise :class:`TaskQueueUnavailable` unless store and transport answer."""
+        self.store.ping()
+        self.transport.ping()
+
+    def start(self) -> None:
+        """Start claim threads, heartbeat and reconciler (non-blocking)."""
+        self._beat(force=True)
+        for i in range(self.options.threads):
+            t = threading.Thread(target=self._claim_loop, args=(i,), name=f"claim-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        hb = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+        hb.start()
+        self._reconciler = (
+            Reconciler(self.store, self.transport, self.settings.claim_ttl_s).start()
+            if self.options.reconcile
+            else None
+        )
+
+    def stop(self, grace_s: float | None = None) -> bool:
+        """Stop claiming, let running turns finish within the grace period.
+        Returns True when every thread finished in time."""
+        self.stopping.set()
+        deadline = time.monotonic() + (self.options.grace_s if grace_s is None else grace_s)
+        for t in self._threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        clean = not any(t.is_alive() for t in self._threads)
+        if self._reconciler is not None:
+            self._reconciler.stop()
+        try:
+            self.store.remove_worker(self.worker_id)
+        except AgentDispatchError:
+            pass
+        return clean
+
+    def run_forever(self) -> bool:
+        """Start and block until :attr:`stopping` is set (by a signal)."""
+        self.start()
+        while not self.stopping.wait(0.5):
+            pass
+        return self.stop()
+
+    # -- heartbeat ----------------------------------------------------------
+    def _beat(self, *, force: bool = False) -> None:
+        now = time.time()
+        with self._lock:
+            if not force and now - self._state.last_beat < 1.0:
+                return  # at most one heartbeat write per second from claims
+            self._state.last_beat = now
+            sessions = tuple(sorted(set(self._state.active.values())))
+        try:
+            self.store.heartbeat(
+                WorkerRow(
+                    worker_id=self.worker_id,
+                    host=host_label(),
+                    capacity=self.options.threads,
+                    active_sessions=sessions,
+                    queue_backend=self.transport.name,
+                    started_at=self._started_at,
+                )
+            )
+        except AgentDispatchError as exc:
+            log.warning("heartbeat failed: %s", exc)
+
+    def _heartbeat_loop(self) -> None:
+        while not self.stopping.wait(self.options.heartbeat_s):
+            self._beat(force=True)
+            try:
+                self.metrics.queue_depth.labels(backend=self.transport.name).set(self.transport.depth())
+                self.metrics.workers.set(len(self.store.workers()))
+            except AgentDispatchError:
+                pass
+
+    # -- the claim loop -----------------------------------------------------
+    def _claim_loop(self, index: int) -> None:
+        owner = f"{self.worker_id}:{index}"
+        loop = asyncio.new_event_loop()
+        try:
+            while not self.stopping.is_set():
+                delay = self.backpressure.claim_delay()
+                if delay and self.stopping.wait(delay):
+                    break
+                try:
+                    delivery = self.transport.get(
+                        owner, visibility_s=self.settings.claim_ttl_s, wait_s=self.options.get_wait_s
+                    )
+                    if delivery is not None:
+                        self.process(delivery, owner=owner, index=index, loop=loop)
+                except TaskQueueUnavailable as exc:
+                    log.warning("queue unavailable: %s", exc)
+                    self.stopping.wait(1.0)
+                except AgentDispatchError as exc:
+                    log.exception("turn failed in the dispatcher: %s", exc)
+        finally:
+            loop.close()
+
+    def _count(self, outcome: str) -> None:
+        self.metrics.turns.labels(outcome=outcome).inc()
+
+    def _poison(self, delivery: Delivery, reason: str) -> None:
+        self.store.record_poison(delivery.raw, reason)
+        self.transport.ack(delivery)
+        self._count("poison")
+
+    def process(
+        self, delivery: Delivery, *, owner: str, index: int, loop: asyncio.AbstractEventLoop
+    ) -> str:
+        """Handle one delivery end to end; returns the outcome label."""
+        if delivery.deliveries > 1:
+            self.metrics.redeliveries.inc()
+        try:
+            env = Envelope.from_json(delivery.raw)
+        except InvalidEnvelope as exc:
+            self._poison(delivery, str(exc))
+            return "poison"
+        claim = self.store.claim(env.job_id, env.tenant, owner=owner, ttl_s=self.settings.claim_ttl_s)
+        if claim.kind in (ClaimKind.MISSING, ClaimKind.TENANT_MISMATCH):
+            self._poison(delivery, f"{claim.kind.value}: envelope for job {env.job_id}")
+            return "poison"
+        if claim.kind is ClaimKind.BUSY:
+            self.transport.release(delivery, max(0.05, min(claim.retry_after_s, self.settings.claim_ttl_s)))
+            self._count("busy")
+            return "busy"
+        if claim.kind is not ClaimKind.CLAIMED:
+            self.transport.ack(delivery)
+            label = {ClaimKind.EXPIRED: "expired"}.get(claim.kind, "skipped")
+            self._count(label)
+            return label
+        assert claim.item is not None and claim.lease is not None
+        item = claim.item
+        self.metrics.time_in_queue.observe(max(0.0, time.time() - env.enqueued_at))
+        self.metrics.attempts.observe(item.attempt)
+        with self._lock:
+            self._state.active[index] = item.session_id
+        self._beat()
+        try:
+            return self._run(delivery, item, claim.lease, loop)
+        finally:
+            with self._lock:
+                self._state.active.pop(index, None)
+
+    def _run(self, delivery: Delivery, item: WorkItem, lease: Any, loop: asyncio.AbstractEventLoop) -> str:
+        guard = LeaseGuard(
+            self.store, lease, ttl_s=self.settings.claim_ttl_s, renew_interval_s=self.settings.renew_interval_s
+        ).start()
+        started = time.monotonic()
+        outcome = self._call(item, guard, loop)
+        guard.stop()
+        self.backpressure.record(outcome is not None and outcome.ok, time.monotonic() - started)
+        if outcome is None or guard.lost:
+            return self._fenced(delivery)
+        try:
+            done = self.store.commit(guard.lease, outcome)
+        except LeaseLost:
+            return self._fenced(delivery)
+        self.transport.ack(delivery)
+        label = {
+            Status.SUCCEEDED: "completed",
+            Status.READY: "retried",
+            Status.DEAD_LETTER: "dead_letter",
+        }.get(done.status, "failed")
+        self._count(label)
+        return label
+
+    def _fenced(self, delivery: Delivery) -> str:
+        # Left for redelivery: the store decides what the next delivery finds.
+        self.metrics.lease_failures.inc()
+        self.transport.release(delivery, 0.0)
+        self._count("fenced")
+        return "fenced"
+
+    def _call(self, item: WorkItem, guard: LeaseGuard, loop: asyncio.AbstractEventLoop) -> Outcome | None:
+        fn = self.registry.get(item.kind)
+        if fn is None:
+            return Outcome(ok=False, error=f"unknown kind {item.kind!r}: no handler registered", retryable=False)
+        turn = Turn(
+            job_id=item.id,
+            session_id=item.session_id,
+            tenant=item.tenant,
+            kind=item.kind,
+            payload=item.payload,
+            attempt=item.attempt,
+            agent_name=item.agent_name,
+            deadline_unix=item.deadline_unix,
+        )
+        try:
+            return Outcome(ok=True, result=_jsonable(run_handler(fn, turn, guard, loop)))
+        except LeaseLost:
+            return None
+        except EffectUnknown as exc:
+            return Outcome(ok=False, error=str(exc), retryable=False, dead_letter_reason="effect_unknown")
+        except NonRetryableError as exc:
+            return Outcome(ok=False, error=str(exc) or "non-retryable failure", retryable=False)
+        except Exception as exc:  # a handler's failure is data, not a crash
+            return Outcome(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], retryable=True)
