@@ -93,7 +93,12 @@ def validate(sub: Submission, *, max_attempts: int, known_kinds: frozenset[str] 
         raise InvalidInput("priority must be an integer between -100 and 100 (higher runs first)")
     deadline = sub.deadline_unix
     if deadline is not None:
-        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline) or deadline <= 0:
+        if (
+            isinstance(deadline, bool)
+            or not isinstance(deadline, (int, float))
+            or not math.isfinite(deadline)
+            or deadline <= 0
+        ):
             raise InvalidInput("deadline_unix must be a positive number of seconds since the epoch")
         deadline = float(deadline)
     deps = tuple(_ident("dependency", d) for d in sub.dependencies)
@@ -147,10 +152,7 @@ class Dispatcher:
 
     def submit_many(self, subs: Sequence[Submission]) -> list[JobHandle]:
         """Accept a batch in one transaction (all or nothing)."""
-        jobs = [
-            validate(s, max_attempts=self.settings.max_attempts, known_kinds=self.known_kinds)
-            for s in subs
-        ]
+        jobs = [validate(s, max_attempts=self.settings.max_attempts, known_kinds=self.known_kinds) for s in subs]
         if not jobs:
             return []
         self.transport.admit(len(jobs), self.settings.max_depth)
@@ -176,7 +178,7 @@ class Dispatcher:
         self, tenant: str | None, status: Status | None = None, *, limit: int = 50, offset: int = 0
     ) -> list[WorkItem]:
         """Jobs newest first."""
-        return self.store.list(tenant=tenant, status=status, limit=limit, offset=offset)
+        return self.store.list_jobs(tenant=tenant, status=status, limit=limit, offset=offset)
 
     def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
         """A job's events and side-effect ledger."""

@@ -13,15 +13,9 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.queue_depth = Gauge(
-            "agent_utilities_dispatch_queue_depth", "Unclaimed turns", ["backend"], registry=r
-        )
-        self.turns = Counter(
-            "agent_utilities_dispatch_turns", "Processed turns by outcome", ["outcome"], registry=r
-        )
-        self.workers = Gauge(
-            "agent_utilities_dispatch_workers", "Live workers (fresh heartbeats)", registry=r
-        )
+        self.queue_depth = Gauge("agent_utilities_dispatch_queue_depth", "Unclaimed turns", ["backend"], registry=r)
+        self.turns = Counter("agent_utilities_dispatch_turns", "Processed turns by outcome", ["outcome"], registry=r)
+        self.workers = Gauge("agent_utilities_dispatch_workers", "Live workers (fresh heartbeats)", registry=r)
         self.time_in_queue = Histogram(
             "agent_utilities_dispatch_time_in_queue_seconds",
             "Enqueue to claim",
@@ -34,15 +28,11 @@ class Metrics:
             buckets=(1, 2, 3, 4, 5, 7, 10, 20),
             registry=r,
         )
-        self.redeliveries = Counter(
-            "agent_utilities_dispatch_redeliveries", "Deliveries after the first", registry=r
-        )
+        self.redeliveries = Counter("agent_utilities_dispatch_redeliveries", "Deliveries after the first", registry=r)
         self.lease_failures = Counter(
             "agent_utilities_dispatch_lease_failures", "Renewals or commits refused", registry=r
         )
-        self.dead_letters = Gauge(
-            "agent_utilities_dispatch_dead_letter", "Items in the dead-letter queue", registry=r
-        )
+        self.dead_letters = Gauge("agent_utilities_dispatch_dead_letter", "Items in the dead-letter queue", registry=r)
         self.dead_letter_oldest = Gauge(
             "agent_utilities_dispatch_dead_letter_oldest_age_seconds",
             "Age of the oldest dead-lettered item",

@@ -20,8 +20,8 @@ def backoff_delay(
     rng: random.Random | None = None,
 ) -> float:
     """Exponential backoff with full jitter for retry ``attempt`` (1-based)."""
-    ceiling = min(cap_s, base_s * (2 ** max(0, attempt - 1)))
-    pick = (rng or random).random()
+    ceiling = min(cap_s, base_s * float(2 ** max(0, attempt - 1)))
+    pick: float = (rng or random).random()
     # Half fixed, half jittered: never zero, never above the ceiling.
     return ceiling / 2 + pick * ceiling / 2
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ from .errors import ConfigError
 from .policy import LEASE_RTO_S
 
 
-class Backend(str, Enum):
+class Backend(StrEnum):
     """Where envelopes travel."""
 
     SQLITE = "sqlite"
@@ -90,9 +90,7 @@ class Settings(BaseSettings):
         return self.data_dir / SQLITE_FILE
 
 
-_FIELD_TO_ENV = {
-    name: (f.alias or name.upper()) for name, f in Settings.model_fields.items()
-}
+_FIELD_TO_ENV = {name: (f.alias or name.upper()) for name, f in Settings.model_fields.items()}
 
 
 def load_settings(**overrides: Any) -> Settings:

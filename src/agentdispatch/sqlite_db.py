@@ -8,7 +8,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from .errors import TaskQueueUnavailable
@@ -38,8 +38,7 @@ class SqliteDb:
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 raise TaskQueueUnavailable(
-                    "the SQLite file system does not support WAL; set AGENT_DISPATCH_DATA_DIR "
-                    "to a local disk"
+                    "the SQLite file system does not support WAL; set AGENT_DISPATCH_DATA_DIR to a local disk"
                 )
             conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
             conn.execute("PRAGMA foreign_keys = OFF")
@@ -85,9 +84,7 @@ class SqliteDb:
         """Close every connection this object opened."""
         with self._lock:
             for conn in self._all:
-                try:
+                with suppress(sqlite3.Error):
                     conn.close()
-                except sqlite3.Error:
-                    pass
             self._all.clear()
         self._local = threading.local()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -108,10 +109,8 @@ class Worker:
         clean = not any(t.is_alive() for t in self._threads)
         if self._reconciler is not None:
             self._reconciler.stop()
-        try:
+        with contextlib.suppress(AgentDispatchError):
             self.store.remove_worker(self.worker_id)
-        except AgentDispatchError:
-            pass
         return clean
 
     def run_forever(self) -> bool:
@@ -183,9 +182,7 @@ class Worker:
         self.transport.ack(delivery)
         self._count("poison")
 
-    def process(
-        self, delivery: Delivery, *, owner: str, index: int, loop: asyncio.AbstractEventLoop
-    ) -> str:
+    def process(self, delivery: Delivery, *, owner: str, index: int, loop: asyncio.AbstractEventLoop) -> str:
         """Handle one delivery end to end; returns the outcome label."""
         if delivery.deliveries > 1:
             self.metrics.redeliveries.inc()

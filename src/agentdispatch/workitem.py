@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from .errors import InvalidTransition, LeaseLost, OutcomeConflict
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     """The lifecycle of a WorkItem (SPEC section 3)."""
 
     SUBMITTED = "submitted"
@@ -132,9 +132,7 @@ class Outcome:
         """Whether committing this outcome again would change nothing."""
         if self.ok:
             return item.status is Status.SUCCEEDED and _canon(item.result) == _canon(self.result)
-        return item.status in (Status.FAILED, Status.DEAD_LETTER, Status.READY) and (
-            item.error == self.error
-        )
+        return item.status in (Status.FAILED, Status.DEAD_LETTER, Status.READY) and (item.error == self.error)
 
 
 def _canon(value: Any) -> str:
@@ -187,11 +185,7 @@ def is_expired(item: WorkItem, now: float) -> bool:
 
 def lease_is_live(item: WorkItem, now: float) -> bool:
     """Whether someone holds an unexpired lease on the item."""
-    return (
-        item.status in HELD
-        and item.lease_expires_at is not None
-        and item.lease_expires_at > now
-    )
+    return item.status in HELD and item.lease_expires_at is not None and item.lease_expires_at > now
 
 
 def dependency_decision(dep_statuses: list[Status | None]) -> str:
@@ -270,9 +264,7 @@ def renew(item: WorkItem, lease: Lease, now: float, ttl_s: float) -> WorkItem:
     return replace(item, lease_expires_at=now + ttl_s, updated_at=now)
 
 
-def commit(
-    item: WorkItem, lease: Lease, outcome: Outcome, now: float, backoff_s: float
-) -> WorkItem:
+def commit(item: WorkItem, lease: Lease, outcome: Outcome, now: float, backoff_s: float) -> WorkItem:
     """The fenced commit of a handler's outcome.
 
     Success -> succeeded. A retryable failure -> ready after ``backoff_s`` while
@@ -297,9 +289,7 @@ def commit(
     if outcome.ok:
         return replace(done, status=Status.SUCCEEDED, reason=None, completed_at=now)
     if outcome.dead_letter_reason:
-        return replace(
-            done, status=Status.DEAD_LETTER, reason=outcome.dead_letter_reason, completed_at=now
-        )
+        return replace(done, status=Status.DEAD_LETTER, reason=outcome.dead_letter_reason, completed_at=now)
     if not outcome.retryable:
         return replace(done, status=Status.FAILED, reason="non_retryable", completed_at=now)
     if item.attempt >= item.max_attempts:
@@ -322,9 +312,7 @@ def expire_lease(item: WorkItem, now: float) -> WorkItem:
             completed_at=now,
             updated_at=now,
         )
-    return replace(
-        item, status=Status.READY, reason="lease_expired", lease_expires_at=None, updated_at=now
-    )
+    return replace(item, status=Status.READY, reason="lease_expired", lease_expires_at=None, updated_at=now)
 
 
 def cancel(item: WorkItem, now: float, reason: str = "cancelled") -> WorkItem:

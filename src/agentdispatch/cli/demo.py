@@ -63,21 +63,25 @@ def register(main: click.Group) -> None:
         handles = []
         for start in range(0, len(subs), 100):
             handles += dispatcher.submit_many(subs[start : start + 100])
-        ids = {h.job_id: s.tenant for h, s in zip(handles, subs)}
+        ids = {h.job_id: s.tenant for h, s in zip(handles, subs, strict=True)}
         console = Console(stderr=True)
         final: dict[str, str] = {}
         deadline = time.monotonic() + timeout
         with Progress(
-            TextColumn("[bold]turns"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(), console=console, disable=as_json,
+            TextColumn("[bold]turns"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=console,
+            disable=as_json,
         ) as progress:
             task = progress.add_task("turns", total=len(ids))
             while len(final) < len(ids) and time.monotonic() < deadline:
                 for job_id, tenant in ids.items():
                     if job_id not in final:
-                        st = store.get(job_id, tenant).status
-                        if st.terminal:
-                            final[job_id] = st.value
+                        status = store.get(job_id, tenant).status
+                        if status.terminal:
+                            final[job_id] = status.value
                 progress.update(task, completed=len(final))
                 time.sleep(0.2)
         worker.stop()

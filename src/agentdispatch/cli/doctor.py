@@ -50,14 +50,25 @@ def run_checks(obj: App) -> list[Check]:
         s = obj.settings
     except AgentDispatchError as exc:
         return [Check("settings", False, str(exc))]
-    checks = [Check("settings", True, f"backend={s.backend.value} max_depth={s.max_depth} max_attempts={s.max_attempts}")]
+    checks = [
+        Check("settings", True, f"backend={s.backend.value} max_depth={s.max_depth} max_attempts={s.max_attempts}")
+    ]
     checks.append(lease_check(s))
-    store_ok = _try("store", lambda: (obj.store.ping(), f"{obj.store.name} reachable")[1])
+
+    def store_ping() -> str:
+        obj.store.ping()
+        return f"{obj.store.name} reachable"
+
+    def transport_ping() -> str:
+        obj.transport.ping()
+        return f"{obj.transport.name} reachable"
+
+    store_ok = _try("store", store_ping)
     checks.append(store_ok)
     if not store_ok.ok:
         return checks
     checks.append(_try("schema", lambda: f"version {obj.store.schema_version()}"))
-    checks.append(_try("transport", lambda: (obj.transport.ping(), f"{obj.transport.name} reachable")[1]))
+    checks.append(_try("transport", transport_ping))
     checks.append(_try("queue_depth", lambda: f"{obj.transport.depth()} unclaimed of max {s.max_depth}"))
     checks.append(_try("workers", lambda: f"{len(obj.store.workers())} live"))
     return checks

@@ -40,7 +40,9 @@ def register(main: click.Group) -> None:
     @click.option("--payload", default="null", help="JSON payload (max 1 MiB).")
     @click.option("--session", "session_id", default=None, help="Serial scope (default: the job id).")
     @click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
-    @click.option("--deadline", "deadline_unix", type=float, default=None, help="Unix time; cancelled as expired after.")
+    @click.option(
+        "--deadline", "deadline_unix", type=float, default=None, help="Unix time; cancelled as expired after."
+    )
     @click.option("--depends-on", "dependencies", multiple=True, help="Job id this one waits for (repeatable).")
     @click.option("--job-id", default=None, help="Caller-chosen id (a retry returns the same job).")
     @click.option("--idempotency-key", default=None, help="Derive the job id from this key.")
@@ -48,7 +50,9 @@ def register(main: click.Group) -> None:
     @TENANT
     @JSON
     @click.pass_obj
-    def submit(obj: App, kind: str, payload: str, tenant: str, as_json: bool, app_spec: str | None, **kw: Any) -> None:
+    def submit(
+        obj: App, /, kind: str, payload: str, tenant: str, as_json: bool, app_spec: str | None, **kw: Any
+    ) -> None:
         """Submit one turn and print its job handle."""
         try:
             body = json.loads(payload)
@@ -75,7 +79,9 @@ def register(main: click.Group) -> None:
             for k, v in job.items():
                 click.echo(f"{k:>14}: {v}")
             for ev in view.get("events", []):
-                click.echo(f"  event {ev['event']:<14} status={ev['status']} attempt={ev['attempt']} epoch={ev['epoch']}")
+                click.echo(
+                    f"  event {ev['event']:<14} status={ev['status']} attempt={ev['attempt']} epoch={ev['epoch']}"
+                )
             for eff in view.get("side_effects", []):
                 click.echo(f"  effect {eff['key']} {eff['state']} epoch={eff['epoch']}")
 

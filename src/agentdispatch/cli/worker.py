@@ -13,9 +13,13 @@ from ..errors import AgentDispatchError, TaskQueueUnavailable
 from ..worker import Worker, WorkerOptions
 from .app import App
 
-WORKERS = click.option("--workers", "-w", type=click.IntRange(1, 256), default=1, show_default=True, help="Worker threads.")
+WORKERS = click.option(
+    "--workers", "-w", type=click.IntRange(1, 256), default=1, show_default=True, help="Worker threads."
+)
 APP = click.option("--app", "app_spec", default=None, help="Handlers as module:registry [env: AGENT_DISPATCH_APP].")
-GRACE = click.option("--grace", type=float, default=30.0, show_default=True, help="Seconds running turns get after SIGTERM.")
+GRACE = click.option(
+    "--grace", type=float, default=30.0, show_default=True, help="Seconds running turns get after SIGTERM."
+)
 METRICS = click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
 
 
@@ -29,7 +33,10 @@ def run_worker(obj: App, workers: int, app_spec: str | None, grace: float, metri
         worker = Worker(settings, store, transport, obj.registry, options=WorkerOptions(threads=workers, grace_s=grace))
         worker.preflight()
     except TaskQueueUnavailable as exc:
-        click.echo(f"error: preflight failed: {exc} (check TASK_QUEUE_BACKEND / STATE_DB_URI / KAFKA_BOOTSTRAP_SERVERS)", err=True)
+        click.echo(
+            f"error: preflight failed: {exc} (check TASK_QUEUE_BACKEND / STATE_DB_URI / KAFKA_BOOTSTRAP_SERVERS)",
+            err=True,
+        )
         sys.exit(2)
     if metrics_port is not None:
         from prometheus_client import start_http_server

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from ..envelope import Envelope
@@ -42,7 +42,7 @@ class Accepted:
     created: bool
 
 
-class ClaimKind(str, Enum):
+class ClaimKind(StrEnum):
     """What a claim attempt found."""
 
     CLAIMED = "claimed"  # the lease is yours; the item is running
@@ -147,9 +147,7 @@ class Store(Protocol):
     def get(self, job_id: str, tenant: str | None) -> WorkItem:
         """Read one item (raises :class:`JobNotFound`; ``None`` tenant = admin)."""
 
-    def list(
-        self, *, tenant: str | None, status: Status | None, limit: int, offset: int
-    ) -> list[WorkItem]:
+    def list_jobs(self, *, tenant: str | None, status: Status | None, limit: int, offset: int) -> list[WorkItem]:
         """Items newest first, optionally filtered."""
 
     def counts(self, tenant: str | None) -> dict[str, int]:

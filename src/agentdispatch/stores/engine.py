@@ -9,8 +9,8 @@ only supplies the SQL of :class:`Tx`.
 from __future__ import annotations
 
 import secrets
-from dataclasses import replace
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Protocol
 
 from .. import workitem as wi
@@ -130,9 +130,7 @@ def submit(tx: Tx, jobs: Sequence[NewJob], max_depth: int) -> list[Accepted]:
     if fresh:
         depth = tx.active_count()
         if depth + len(fresh) > max_depth:
-            raise QueueFull(
-                f"queue full: {depth} active turns, bound AGENT_DISPATCH_MAX_DEPTH={max_depth}"
-            )
+            raise QueueFull(f"queue full: {depth} active turns, bound AGENT_DISPATCH_MAX_DEPTH={max_depth}")
     seen: dict[str, WorkItem] = {}
     for job in fresh:
         if job.job_id in seen:

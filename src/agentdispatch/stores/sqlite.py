@@ -139,9 +139,7 @@ class SqliteTx:
         return [item_from_row(r) for r in self.c.execute(Q["expired_deadlines"], (now, limit))]
 
     def stranded(self, now: float, redeliver_after_s: float, limit: int) -> list[WorkItem]:
-        rows = self.c.execute(
-            Q["stranded"], {"now": now, "grace": redeliver_after_s, "limit": limit}
-        )
+        rows = self.c.execute(Q["stranded"], {"now": now, "grace": redeliver_after_s, "limit": limit})
         return [item_from_row(r) for r in rows]
 
     def drop_dead_rows(self) -> int:
@@ -177,9 +175,7 @@ class SqliteStore:
 
     def _key(self) -> bytes:
         if self._ref_key is None:
-            row = self.db.conn().execute(
-                "SELECT value FROM dispatch_meta WHERE key = 'ref_key'"
-            ).fetchone()
+            row = self.db.conn().execute("SELECT value FROM dispatch_meta WHERE key = 'ref_key'").fetchone()
             if row is None:
                 raise TaskQueueUnavailable("the SQLite queue has no schema; run `agentdispatch migrate`")
             self._ref_key = bytes.fromhex(row[0])
@@ -207,9 +203,7 @@ class SqliteStore:
 
     def schema_version(self) -> int:
         try:
-            row = self.db.conn().execute(
-                "SELECT value FROM dispatch_meta WHERE key = 'schema_version'"
-            ).fetchone()
+            row = self.db.conn().execute("SELECT value FROM dispatch_meta WHERE key = 'schema_version'").fetchone()
         except sqlite3.OperationalError:
             return 0
         return int(row[0]) if row else 0
@@ -259,9 +253,7 @@ class SqliteStore:
             raise JobNotFound(job_id)
         return item_from_row(row)
 
-    def list(
-        self, *, tenant: str | None, status: Status | None, limit: int, offset: int
-    ) -> list[WorkItem]:
+    def list_jobs(self, *, tenant: str | None, status: Status | None, limit: int, offset: int) -> list[WorkItem]:
         rows = self.db.conn().execute(
             Q["list"],
             {

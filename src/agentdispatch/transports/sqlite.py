@@ -35,9 +35,7 @@ class SqliteTransport:
         try:
             self.db.conn().execute("SELECT count(*) FROM agent_dispatch_queue WHERE 0").fetchone()
         except sqlite3.Error:
-            raise TaskQueueUnavailable(
-                "the SQLite queue table is missing; run `agentdispatch migrate`"
-            ) from None
+            raise TaskQueueUnavailable("the SQLite queue table is missing; run `agentdispatch migrate`") from None
 
     def admit(self, n: int, max_depth: int) -> None:
         """Admission happens inside the store's submit transaction."""
