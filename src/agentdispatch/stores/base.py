@@ -185,6 +185,15 @@ class Store(Protocol):
     def remove_worker(self, worker_id: str) -> None:
         """Delete a worker's row at clean shutdown."""
 
+    def token_create(self, token_id: str, token_hash: str, tenant: str, label: str) -> None:
+        """Store a gateway bearer token (hashed), bound to ``tenant``."""
+
+    def token_revoke(self, token_id: str) -> bool:
+        """Revoke a token; False when unknown or already revoked."""
+
+    def token_lookup(self, token_hash: str) -> str | None:
+        """The tenant of a live token, or None."""
+
     def outbox_take(self, limit: int) -> list[tuple[int, Envelope]]:
         """Envelope rows not yet handed to an external transport."""
 

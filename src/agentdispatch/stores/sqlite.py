@@ -169,6 +169,13 @@ class SqliteStore:
 
     # -- plumbing -----------------------------------------------------------
     @contextmanager
+    def transaction(self, durable: bool = False) -> Iterator[SqliteTx]:
+        """One write transaction as an :class:`engine.Tx` (for extensions such
+        as durable intake that must write in the same transaction)."""
+        with self._tx(durable) as tx:
+            yield tx
+
+    @contextmanager
     def _tx(self, durable: bool = False) -> Iterator[SqliteTx]:
         with self.db.tx(durable) as conn:
             yield SqliteTx(conn, self._key())
@@ -335,6 +342,18 @@ class SqliteStore:
     def remove_worker(self, worker_id: str) -> None:
         with self._tx() as tx:
             tx.c.execute(Q["remove_worker"], (worker_id,))
+
+    def token_create(self, token_id: str, token_hash: str, tenant: str, label: str) -> None:
+        with self._tx(durable=True) as tx:
+            tx.c.execute(Q["token_create"], (token_id, token_hash, tenant, label, tx.now()))
+
+    def token_revoke(self, token_id: str) -> bool:
+        with self._tx(durable=True) as tx:
+            return tx.c.execute(Q["token_revoke"], (tx.now(), token_id)).rowcount == 1
+
+    def token_lookup(self, token_hash: str) -> str | None:
+        row = self.db.conn().execute(Q["token_lookup"], (token_hash,)).fetchone()
+        return None if row is None else str(row[0])
 
     def outbox_take(self, limit: int) -> list[tuple[int, Envelope]]:
         rows = self.db.conn().execute(Q["outbox_take"], (limit,))

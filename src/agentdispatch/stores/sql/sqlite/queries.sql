@@ -127,3 +127,12 @@ SELECT id, envelope FROM agent_dispatch_queue ORDER BY id LIMIT ?
 
 -- name: outbox_done
 DELETE FROM agent_dispatch_queue WHERE id = ?
+
+-- name: token_create
+INSERT INTO api_tokens (token_id, token_hash, tenant, label, created_at) VALUES (?, ?, ?, ?, ?)
+
+-- name: token_revoke
+UPDATE api_tokens SET revoked_at = ? WHERE token_id = ? AND revoked_at IS NULL
+
+-- name: token_lookup
+SELECT tenant FROM api_tokens WHERE token_hash = ? AND revoked_at IS NULL

@@ -1,0 +1,74 @@
+"""Backend harnesses for the contract suite and integration tests.
+
+Each backend registers a builder in ``BUILDERS``; the contract suite is
+parametrized over ``CONTRACT_BACKENDS`` (the env var AGENTDISPATCH_TEST_BACKENDS,
+comma-separated, narrows it). A builder returns a :class:`Harness` on a fresh,
+empty store.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentdispatch.dispatch import Dispatcher
+from agentdispatch.factory import open_backends
+from agentdispatch.handlers import Registry
+from agentdispatch.settings import Settings, load_settings
+from agentdispatch.stores.base import Store
+from agentdispatch.transports.base import Transport
+from agentdispatch.worker import Worker, WorkerOptions
+
+
+@dataclass
+class Harness:
+    """A store + transport on a fresh database, with helpers for tests."""
+
+    name: str
+    settings: Settings
+    store: Store
+    transport: Transport
+    env: dict[str, str] = field(default_factory=dict)
+    cleanup: list[Callable[[], None]] = field(default_factory=list)
+
+    def dispatcher(self, **kw: Any) -> Dispatcher:
+        return Dispatcher(self.store, self.transport, self.settings, **kw)
+
+    def worker(self, registry: Registry, threads: int = 2, **kw: Any) -> Worker:
+        opts = WorkerOptions(threads=threads, get_wait_s=0.05, heartbeat_s=1.0, **kw)
+        return Worker(self.settings, self.store, self.transport, registry, options=opts)
+
+    def close(self) -> None:
+        for fn in reversed(self.cleanup):
+            fn()
+        self.transport.close()
+        self.store.close()
+
+
+def _settings(env: dict[str, str], overrides: dict[str, Any]) -> Settings:
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return load_settings(**overrides)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def sqlite_harness(tmp_path: Path, **overrides: Any) -> Harness:
+    env = {"AGENT_DISPATCH_DATA_DIR": str(tmp_path / "data"), "TASK_QUEUE_BACKEND": "sqlite"}
+    settings = _settings(env, overrides)
+    store, transport = open_backends(settings)
+    return Harness("sqlite", settings, store, transport, env=env)
+
+
+BUILDERS: dict[str, Callable[..., Harness]] = {"sqlite": sqlite_harness}
+
+_wanted = os.environ.get("AGENTDISPATCH_TEST_BACKENDS")
+CONTRACT_BACKENDS = [b.strip() for b in _wanted.split(",")] if _wanted else ["sqlite"]
