@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from backends import BUILDERS, CONTRACT_BACKENDS, Harness  # noqa: E402
+from backends import BUILDERS, CONTRACT_BACKENDS, Harness
 
 
 @pytest.fixture(params=CONTRACT_BACKENDS)
