@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,10 +15,27 @@ from backends import BUILDERS, CONTRACT_BACKENDS, Harness
 
 
 @pytest.fixture(params=CONTRACT_BACKENDS)
-def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
-    """A fresh store + transport of each backend in the contract matrix."""
-    h = BUILDERS[request.param](tmp_path)
-    try:
-        yield h
-    finally:
+def backend_name(request: pytest.FixtureRequest) -> str:
+    """Each backend of the contract matrix."""
+    return str(request.param)
+
+
+@pytest.fixture
+def make_harness(backend_name: str, tmp_path: Path) -> Iterator[Callable[..., Harness]]:
+    """Build harnesses of the current backend with settings overrides."""
+    made: list[Harness] = []
+
+    def build(**overrides: Any) -> Harness:
+        h = BUILDERS[backend_name](tmp_path / f"h{len(made)}", **overrides)
+        made.append(h)
+        return h
+
+    yield build
+    for h in made:
         h.close()
+
+
+@pytest.fixture
+def harness(make_harness: Callable[..., Harness]) -> Harness:
+    """A fresh store + transport of each backend in the contract matrix."""
+    return make_harness()

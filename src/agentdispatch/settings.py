@@ -36,7 +36,9 @@ def _default_data_dir() -> Path:
 class Settings(BaseSettings):
     """Every knob of agentdispatch, read from the environment and validated."""
 
-    model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="", case_sensitive=False, extra="ignore", populate_by_name=True
+    )
 
     task_queue_backend: Backend | None = Field(default=None, alias="TASK_QUEUE_BACKEND")
     state_db_uri: str | None = Field(default=None, alias="STATE_DB_URI")
