@@ -9,7 +9,9 @@ from agentdispatch.envelope import Envelope
 from agentdispatch.transports.base import Delivery, Transport
 
 
-def get_delivery(transport: Transport, owner: str = "t:0", timeout: float = 10.0, visibility_s: float = 30.0) -> Delivery:
+def get_delivery(
+    transport: Transport, owner: str = "t:0", timeout: float = 10.0, visibility_s: float = 30.0
+) -> Delivery:
     """Wait for one delivery or fail."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

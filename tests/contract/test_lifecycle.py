@@ -239,7 +239,10 @@ def test_poison_recorded_once_and_tenant_mismatch_never_runs(harness):
     try:
         for _ in range(2):
             delivery = get_delivery(harness.transport)
-            assert worker.process(replace(delivery, raw='{"not": "an envelope"'), owner="t:0", index=0, loop=loop) == "poison"
+            assert (
+                worker.process(replace(delivery, raw='{"not": "an envelope"'), owner="t:0", index=0, loop=loop)
+                == "poison"
+            )
         assert len(harness.store.poison(limit=10)) == 1  # once, however often redelivered
         delivery = get_delivery(harness.transport)
         env = Envelope.from_json(delivery.raw)

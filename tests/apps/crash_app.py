@@ -1,0 +1,48 @@
+"""Handlers for the multi-process crash tests: they log what they do to a
+per-process sink so the test can prove no loss, no duplicate effects and no
+session overlap after SIGKILLs."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+
+from agentdispatch.handlers import Registry, Turn
+from agentdispatch.lease import LeaseGuard
+
+registry = Registry()
+
+
+def _sink(kind: str, *fields: object) -> None:
+    path = Path(os.environ["CRASH_SINK_DIR"]) / f"{os.getpid()}.log"
+    line = " ".join([kind, str(os.getpid()), *map(str, fields), repr(time.time())]) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+@registry.register("crash_turn")
+def crash_turn(turn: Turn, guard: LeaseGuard) -> dict[str, object]:
+    """Work a little, send one recorded effect, work a little more."""
+    _sink("start", turn.session_id, turn.job_id, turn.payload["i"])
+    time.sleep(random.uniform(0.0, float(turn.payload.get("max_sleep", 0.03))))
+    guard.side_effect(f"effect:{turn.job_id}", lambda: _sink("effect", turn.job_id))
+    time.sleep(random.uniform(0.0, float(turn.payload.get("max_sleep", 0.03))))
+    _sink("end", turn.session_id, turn.job_id, turn.payload["i"])
+    return {"pid": os.getpid()}
+
+
+@registry.register("slow_effect")
+def slow_effect(turn: Turn, guard: LeaseGuard) -> dict[str, object]:
+    """Sleep (in wall-clock steps), then one effect: the zombie test pauses us."""
+    _sink("start", turn.session_id, turn.job_id, 0)
+    end = time.time() + float(turn.payload["seconds"])
+    while time.time() < end:
+        time.sleep(0.05)
+    guard.side_effect(f"effect:{turn.job_id}", lambda: _sink("effect", turn.job_id))
+    _sink("end", turn.session_id, turn.job_id, 0)
+    return {"pid": os.getpid()}
