@@ -3,6 +3,7 @@ can be SIGKILLed/SIGSTOPped, and the sink analysis (lost, duplicates, overlaps).
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -104,7 +105,7 @@ def analyse(sink: Path, killed_at: dict[int, float]) -> SinkReport:
     overlaps, disorder = [], []
     for session, items in spans.items():
         items.sort()
-        for a, b in zip(items, items[1:], strict=False):
+        for a, b in itertools.pairwise(items):
             if b[0] < a[1]:
                 overlaps.append(f"{session}: {a[3]} and {b[3]}")
             if b[2] < a[2]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 
@@ -315,7 +316,7 @@ def test_workers_drain_sessions_serially(harness):
     assert {harness.store.get(h.job_id, None).status for h in handles} == {Status.SUCCEEDED}
     for spans in intervals.values():
         spans.sort()
-        for (s0, e0, i0), (s1, _e1, i1) in zip(spans, spans[1:], strict=False):
+        for (_s0, e0, i0), (s1, _e1, i1) in itertools.pairwise(spans):
             assert s1 >= e0, "two turns of one session overlapped"
             assert i1 > i0, "turns of one session ran out of order"
 
