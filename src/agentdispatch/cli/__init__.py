@@ -48,9 +48,9 @@ def emit(data: Any, as_json: bool, human: Callable[[], None]) -> None:
 
 
 def _register() -> None:
-    from . import demo, doctor, jobs, worker
+    from . import demo, doctor, gateway, jobs, worker
 
-    for module in (jobs, worker, demo, doctor):
+    for module in (jobs, worker, demo, doctor, gateway):
         module.register(main)
 
 

@@ -1,0 +1,111 @@
+"""``agentdispatch gateway``, ``token create|revoke`` and ``mcp``."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .app import App
+
+HOST = click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+GATEWAY_PORT = click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
+MCP_PORT = click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
+
+
+def register(main: click.Group) -> None:
+    """Attach ``gateway``, ``token`` and ``mcp`` to ``main``."""
+
+    @main.command()
+    @HOST
+    @GATEWAY_PORT
+    @click.option(
+        "--no-auth", is_flag=True, help="Serve without bearer tokens (loopback only; callers act as operator)."
+    )
+    @click.option("--log-level", default="warning", show_default=True, help="uvicorn log level.")
+    @click.pass_obj
+    def gateway(obj: App, host: str, port: int, no_auth: bool, log_level: str) -> None:
+        """Serve the HTTP API, /metrics and the dashboard (needs the gateway extra)."""
+        import uvicorn
+
+        from ..gateway import Services, create_app
+        from ..gateway.auth import check_bind
+
+        try:
+            check_bind(host, auth=not no_auth)
+        except ValueError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        services = Services.of(obj.settings, obj.store, obj.transport, auth=not no_auth)
+        services.store.ping()
+        services.transport.ping()
+        mode = "auth off (loopback)" if no_auth else "bearer auth"
+        click.echo(f"gateway on {services.transport.name}, {mode}: http://{host}:{port}/", err=True)
+        try:
+            uvicorn.run(create_app(services), host=host, port=port, log_level=log_level, access_log=False)
+        finally:
+            services.close()
+
+    @main.group()
+    def token() -> None:
+        """Gateway bearer tokens (each bound to one tenant, stored hashed)."""
+
+    @token.command("create")
+    @click.option("--tenant", required=True, help="The tenant this token acts for.")
+    @click.option("--label", default="", help="A note to recognise the token by.")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+    @click.pass_obj
+    def token_create(obj: App, tenant: str, label: str, as_json: bool) -> None:
+        """Mint a token; it is printed once and only its hash is kept."""
+        from ..gateway.auth import mint
+
+        try:
+            token_id, secret = mint(obj.store, tenant, label)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--tenant") from None
+        if as_json:
+            import json
+
+            click.echo(json.dumps({"token_id": token_id, "tenant": tenant, "token": secret}))
+            return
+        click.echo(f"token id: {token_id}  tenant: {tenant}", err=True)
+        click.echo("store it now; it will not be shown again:", err=True)
+        click.echo(secret)
+
+    @token.command("revoke")
+    @click.argument("token_id")
+    @click.pass_obj
+    def token_revoke(obj: App, token_id: str) -> None:
+        """Revoke a token by its id; requests with it answer 401 at once."""
+        if not obj.store.token_revoke(token_id):
+            click.echo(f"error: no live token with id {token_id}", err=True)
+            sys.exit(1)
+        click.echo(f"revoked {token_id}")
+
+    @main.command()
+    @click.option(
+        "--transport",
+        "mode",
+        type=click.Choice(["stdio", "streamable-http"]),
+        default="stdio",
+        show_default=True,
+        help="How MCP clients connect.",
+    )
+    @click.option("--tenant", default="default", show_default=True, help="Tenant every tool call acts for.")
+    @HOST
+    @MCP_PORT
+    @click.pass_obj
+    def mcp(obj: App, mode: str, tenant: str, host: str, port: int) -> None:
+        """Serve the MCP tools graph_orchestrate and graph_jobs."""
+        from ..gateway.auth import is_loopback
+        from ..mcp_server import build_server
+
+        if mode == "streamable-http" and not is_loopback(host):
+            # The MCP endpoint has no token check of its own: keep it on this machine.
+            click.echo(f"error: refusing to serve MCP over HTTP on {host}; use a loopback address", err=True)
+            sys.exit(2)
+        server = build_server(obj.dispatcher(), tenant=tenant)
+        if mode == "stdio":
+            server.run("stdio")
+        else:
+            server.run("streamable-http", host=host, port=port)

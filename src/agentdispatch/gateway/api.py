@@ -1,0 +1,181 @@
+"""The jobs API: ``POST /api/graph/jobs`` (dispatch / status / cancel) and
+its REST twins under ``/v1/jobs``."""
+
+# No `from __future__ import annotations`: FastAPI must evaluate the route
+# signatures, which use aliases local to the router factory.
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Header, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..dispatch import Submission
+from ..workitem import Status
+from .auth import Caller
+from .errors import ApiError
+from .services import Services
+
+IDENT = r"^[A-Za-z0-9_.:@/+=-]{1,200}$"
+Ident = Annotated[str, Field(pattern=IDENT, max_length=200)]
+
+
+class JobSpec(BaseModel):
+    """A submission: what to run, for whom, and in which serial scope."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str = Field(default="orchestrator_task", pattern=r"^[A-Za-z0-9_.:-]{1,100}$", max_length=100)
+    payload: Any = None
+    task: Any = Field(default=None, description="Shorthand for payload {'task': ...}.")
+    tenant: Ident | None = Field(default=None, description="Defaults to the token's tenant.")
+    session_id: Ident | None = None
+    priority: int = Field(default=0, ge=-100, le=100, description="Higher runs first.")
+    deadline_unix: float | None = Field(default=None, gt=0, description="Cancelled as expired after this.")
+    dependencies: list[Ident] = Field(default_factory=list, max_length=100)
+    job_id: Ident | None = Field(default=None, description="Caller-chosen id; a repeat returns the same job.")
+    idempotency_key: Ident | None = Field(default=None, description="Derives the job id; a repeat is a no-op.")
+    agent_name: str = Field(default="", max_length=200)
+
+
+class GraphRequest(JobSpec):
+    """``{"action": "dispatch" | "status" | "cancel", ...}``."""
+
+    action: Literal["dispatch", "status", "cancel"]
+    reason: str | None = Field(default=None, max_length=200, description="Cancel reason.")
+
+
+class CancelRequest(BaseModel):
+    """Optional body of a cancel."""
+
+    model_config = ConfigDict(extra="forbid")
+    reason: str | None = Field(default=None, max_length=200)
+
+
+class JobHandleOut(BaseModel):
+    """The job handle a submit returns (SPEC section 8)."""
+
+    job_id: str
+    session_id: str
+    kind: str
+    dispatch: str
+    status: str
+    status_url: str
+    status_request: dict[str, Any]
+
+
+class JobView(BaseModel):
+    """The WorkItem view: everything but lease secrets."""
+
+    model_config = ConfigDict(extra="allow")
+    job_id: str
+    kind: str
+    status: str
+    payload_ref: str
+    result_ref: str | None
+    attempt: int
+
+
+class JobPage(BaseModel):
+    """A page of jobs, newest first."""
+
+    jobs: list[JobView]
+    page: dict[str, Any]
+
+
+class NotFound(BaseModel):
+    """``{"status": "not_found", "error": "Job <id> not found"}``."""
+
+    status: Literal["not_found"]
+    error: str
+
+
+class ErrorOut(BaseModel):
+    """Every other error: a stable code and a human message."""
+
+    status: Literal["error"]
+    error: str
+    message: str
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorOut},
+    401: {"model": ErrorOut},
+    403: {"model": ErrorOut},
+    404: {"model": NotFound},
+    409: {"model": ErrorOut},
+    413: {"model": ErrorOut},
+    422: {"model": ErrorOut},
+    429: {"model": ErrorOut},
+    503: {"model": ErrorOut},
+}
+
+
+def _submission(spec: JobSpec, caller: Caller, idempotency_key: str | None) -> Submission:
+    data = spec.model_dump(exclude_unset=True, exclude={"action", "reason", "tenant"})
+    if "task" in data and data["task"] is None:
+        del data["task"]
+    if idempotency_key is not None and "idempotency_key" not in data and "job_id" not in data:
+        data["idempotency_key"] = idempotency_key
+    return Submission.from_mapping(data, tenant=caller.submit_tenant(spec.tenant))
+
+
+def build_router(services: Services, caller_dep: Any) -> APIRouter:
+    """The jobs routes over ``services.dispatcher``."""
+    router = APIRouter(responses=ERRORS)
+    d = services.dispatcher
+    CallerDep = Annotated[Caller, Depends(caller_dep)]
+    IdemKey = Annotated[
+        str | None, Header(alias="Idempotency-Key", pattern=IDENT, description="A repeat returns the same job.")
+    ]
+
+    @router.post("/api/graph/jobs", tags=["graph"], summary="Dispatch, read or cancel a job")
+    def graph_jobs(body: GraphRequest, caller: CallerDep, idempotency_key: IdemKey = None) -> dict[str, Any]:
+        """One endpoint, three actions; the shapes are those of SPEC section 8."""
+        if body.action == "dispatch":
+            return d.submit(_submission(body, caller, idempotency_key)).model_dump()
+        if body.job_id is None:
+            raise ApiError(422, "invalid_request", f"job_id is required for action {body.action!r}")
+        if body.action == "status":
+            return d.status(body.job_id, caller.tenant)
+        return d.cancel(body.job_id, caller.tenant, body.reason or "cancelled")
+
+    @router.post("/v1/jobs", status_code=202, response_model=JobHandleOut, tags=["jobs"], summary="Submit a job")
+    def create_job(body: JobSpec, caller: CallerDep, idempotency_key: IdemKey = None) -> dict[str, Any]:
+        """Accept one turn; answers once it is durable."""
+        return d.submit(_submission(body, caller, idempotency_key)).model_dump()
+
+    @router.get("/v1/jobs", response_model=JobPage, tags=["jobs"], summary="List jobs")
+    def list_jobs(
+        caller: CallerDep,
+        status: Annotated[Status | None, Query(description="Only jobs in this status.")] = None,
+        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+    ) -> dict[str, Any]:
+        """Jobs newest first, optionally filtered by status."""
+        items = d.jobs(caller.tenant, status, limit=limit, offset=offset)
+        return {
+            "jobs": [i.view() for i in items],
+            "page": {"limit": limit, "offset": offset, "returned": len(items), "more": len(items) == limit},
+        }
+
+    @router.get("/v1/jobs/{job_id}", response_model=JobView, tags=["jobs"], summary="Read a job")
+    def get_job(job_id: str, caller: CallerDep) -> dict[str, Any]:
+        """The WorkItem view of one job."""
+        return d.status(job_id, caller.tenant)
+
+    @router.get("/v1/jobs/{job_id}/history", tags=["jobs"], summary="A job's history")
+    def job_history(job_id: str, caller: CallerDep) -> dict[str, Any]:
+        """Events (attempts, leases, outcomes) and the side-effect ledger."""
+        return d.history(job_id, caller.tenant)
+
+    @router.post("/v1/jobs/{job_id}/cancel", response_model=JobView, tags=["jobs"], summary="Cancel a job")
+    def cancel_job(job_id: str, caller: CallerDep, body: CancelRequest | None = None) -> dict[str, Any]:
+        """Cancel a non-terminal job (a running worker is fenced out)."""
+        return d.cancel(job_id, caller.tenant, (body.reason if body else None) or "cancelled")
+
+    @router.post("/v1/jobs/{job_id}/replay", tags=["jobs"], summary="Replay a dead-lettered job")
+    def replay_job(job_id: str, caller: CallerDep) -> dict[str, Any]:
+        """Back to ready as a new attempt; answers with the side-effect ledger."""
+        view = d.replay(job_id, caller.tenant)
+        return {"job": view, "side_effects": d.history(job_id, caller.tenant)["side_effects"]}
+
+    return router

@@ -1,0 +1,67 @@
+"""``create_app(services)``: the gateway's ASGI application."""
+
+# No `from __future__ import annotations`: FastAPI must evaluate the route
+# signatures, which use aliases local to the router factory.
+from importlib import resources
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from . import api, errors, ops
+from .auth import Caller, authenticate
+from .services import Services
+
+_ASSETS = {"app.js": "text/javascript", "app.css": "text/css"}
+#: The dashboard only talks to its own origin and never runs inline code.
+_CSP = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'"
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("agentdispatch.gateway").joinpath("dashboard", name).read_bytes()
+
+
+def create_app(services: Services) -> FastAPI:
+    """Build the gateway: jobs API, fleet, metrics, dashboard."""
+    app = FastAPI(
+        title="agentdispatch gateway",
+        version="1",
+        description="Submit, inspect and cancel agent turns; watch the fleet. "
+        "Every data route needs `Authorization: Bearer <token>` (a token is bound to one tenant).",
+    )
+    app.state.services = services
+    errors.install(app)
+    bearer = HTTPBearer(auto_error=False, description="A token from `agentdispatch token create --tenant T`.")
+
+    def caller(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None) -> Caller:
+        # HTTPBearer only documents the scheme; authenticate() parses the raw header.
+        return authenticate(services, request.headers.get("authorization"))
+
+    app.include_router(api.build_router(services, caller))
+    app.include_router(ops.build_router(services, caller))
+    # Durable intake (another module) plugs in here with one line:
+    # app.include_router(intake.build_router(services))
+    _dashboard(app)
+    return app
+
+
+def _dashboard(app: FastAPI) -> None:
+    cache: dict[str, bytes] = {}
+
+    def load(name: str) -> bytes:
+        if name not in cache:
+            cache[name] = _asset(name)
+        return cache[name]
+
+    headers = {"Content-Security-Policy": _CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    def index() -> Response:
+        return HTMLResponse(load("index.html"), headers=headers)
+
+    @app.get("/dashboard/{name}", include_in_schema=False)
+    def asset(name: str) -> Response:
+        if name not in _ASSETS:
+            return Response(status_code=404)
+        return Response(load(name), media_type=_ASSETS[name], headers=headers)

@@ -1,0 +1,118 @@
+"""JSON errors with a stable ``error`` code, and the handlers that map the
+library's exceptions onto HTTP statuses."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import (
+    AgentDispatchError,
+    InvalidInput,
+    InvalidTransition,
+    JobNotFound,
+    PayloadTooLarge,
+    QueueFull,
+    TaskQueueUnavailable,
+)
+
+log = logging.getLogger(__name__)
+
+#: Seconds a client should wait before retrying after a 429/503.
+RETRY_AFTER_S = 2
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, stable code, human message."""
+
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers or {}
+
+
+def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
+    """The one error shape: ``{"status": "error", "error": code, "message": ...}``."""
+    return {"status": "error", "error": code, "message": message, **extra}
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether an unexpected exception is the database going away (not a bug)."""
+    if isinstance(exc, (TaskQueueUnavailable, sqlite3.OperationalError, sqlite3.DatabaseError)):
+        return True
+    # psycopg is optional: match its operational errors by module, not import.
+    mod = type(exc).__module__
+    return mod.startswith("psycopg") and type(exc).__name__ in {"OperationalError", "InterfaceError", "PoolTimeout"}
+
+
+def error_payload(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """``(http_status, body, headers)`` for a library exception (HTTP and MCP share it)."""
+    if isinstance(exc, ApiError):
+        return exc.status, error_body(exc.code, exc.message), exc.headers
+    if isinstance(exc, JobNotFound):
+        return 404, {"status": "not_found", "error": str(exc)}, {}
+    if isinstance(exc, PayloadTooLarge):
+        return 413, error_body("payload_too_large", str(exc)), {}
+    if isinstance(exc, InvalidInput):
+        return 400, error_body("invalid_input", str(exc)), {}
+    if isinstance(exc, QueueFull):
+        return 429, error_body("queue_full", str(exc)), {"Retry-After": str(RETRY_AFTER_S)}
+    if isinstance(exc, InvalidTransition):
+        return 409, error_body("invalid_transition", str(exc)), {}
+    if is_outage(exc):
+        # Never echo driver messages: they may carry paths or credentials.
+        body = error_body("unavailable", "the queue store is unavailable; retry later")
+        return 503, body, {"Retry-After": str(RETRY_AFTER_S)}
+    if isinstance(exc, AgentDispatchError):
+        return 400, error_body("rejected", str(exc)), {}
+    log.error("unhandled gateway error", exc_info=exc)
+    return 500, error_body("internal", "internal error"), {}
+
+
+def map_exception(exc: BaseException) -> JSONResponse:
+    """The HTTP answer for a library exception."""
+    status, body, headers = error_payload(exc)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    """Register the exception handlers on ``app``."""
+
+    async def on_error(request: Request, exc: Exception) -> JSONResponse:
+        return map_exception(exc)
+
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
+        errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+        first = errors[0] if errors else {}
+        where = ".".join(str(p) for p in first.get("loc", ())) or "request"
+        return JSONResponse(error_body("invalid_request", f"{where}: {first.get('msg', 'invalid')}"), status_code=422)
+
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
+        status = exc.status_code if isinstance(exc, StarletteHTTPException) else 500
+        code = {404: "no_route", 405: "method_not_allowed"}.get(status, "http_error")
+        detail = exc.detail if isinstance(exc, StarletteHTTPException) else "error"
+        return JSONResponse(error_body(code, str(detail)), status_code=status)
+
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    # Known classes are handled by the exception middleware (the request ends
+    # there); only true bugs reach the catch-all, which also logs them.
+    for cls in (ApiError, AgentDispatchError, sqlite3.Error, *_driver_errors()):
+        app.add_exception_handler(cls, on_error)
+    app.add_exception_handler(Exception, on_error)
+
+
+def _driver_errors() -> tuple[type[Exception], ...]:
+    try:
+        import psycopg
+    except ImportError:
+        return ()
+    return (psycopg.OperationalError, psycopg.InterfaceError)
