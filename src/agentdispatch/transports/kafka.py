@@ -1,0 +1,254 @@
+"""The Kafka transport: envelopes on topic ``agent_turns``, group ``agent-dispatch``.
+
+WorkItems stay in the store; the store's ``agent_dispatch_queue`` table is the
+outbox. ``relay`` publishes it behind one delivery-confirmed flush and deletes
+the rows only after the broker confirmed them, so a crash between the store
+commit and the publish is healed by the next relay, and a message Kafka loses
+is healed by the reconciler re-enqueueing the ready item (``redeliver_after_s``).
+
+Each owner (worker thread) gets its own consumer; offsets are committed only on
+``ack``, which the worker calls after the fenced commit. While an owner runs a
+turn, a keepalive thread polls its consumer so that a turn longer than
+``max.poll.interval.ms`` neither duplicates nor triggers a rebalance; a
+delivery that outlives its visibility hands its partitions to the other
+consumers (the SQS-like contract every transport shares).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..envelope import Envelope
+from ..errors import QueueFull, TaskQueueUnavailable
+from ..settings import KAFKA_GROUP, KAFKA_TOPIC, Settings
+from .base import Delivery
+from .kafka_admin import TopicAdmin
+from .kafka_consumer import OwnedConsumer
+from .kafka_producer import CoalescingProducer, GroupCommit, message_key
+
+if TYPE_CHECKING:
+    from ..stores.base import Store
+
+log = logging.getLogger("agentdispatch.kafka")
+
+#: Outbox rows taken per relay step.
+RELAY_BATCH = 500
+
+
+def _client_log_sink(err: Any) -> None:
+    # librdkafka's own messages name brokers; keep them out of user-facing output.
+    log.debug("kafka client error: %s", getattr(err, "name", lambda: err)())
+
+
+class KafkaTransport:
+    """Envelopes on Kafka; the store stays the WorkItem authority."""
+
+    name = "kafka"
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        topic: str = KAFKA_TOPIC,
+        group: str = KAFKA_GROUP,
+        redeliver_after_s: float | None = None,
+        max_poll_interval_ms: int = 60_000,
+        session_timeout_ms: int = 10_000,
+        timeout_s: float = 10.0,
+        linger_s: float = 0.0,
+        coalesce: bool = True,
+        buffer_max: int = 64,
+        keepalive_s: float = 1.0,
+        client_config: dict[str, Any] | None = None,
+    ) -> None:
+        if not settings.kafka_bootstrap_servers:
+            raise TaskQueueUnavailable("KAFKA_BOOTSTRAP_SERVERS is required with TASK_QUEUE_BACKEND=kafka")
+        self.topic = topic
+        self.group = group
+        self.wanted_partitions = settings.agent_turns_partitions
+        # About one claim TTL: a ready item not run by then lost its message.
+        self.redeliver_after_s = settings.claim_ttl_s if redeliver_after_s is None else redeliver_after_s
+        self.keepalive_s = keepalive_s
+        self.buffer_max = buffer_max
+        base: dict[str, Any] = {
+            "bootstrap.servers": settings.kafka_bootstrap_servers,
+            "client.id": "agentdispatch",
+            "logger": logging.getLogger("agentdispatch.kafka.client"),
+            "error_cb": _client_log_sink,
+            "topic.metadata.refresh.interval.ms": 5000,
+            # Only start-up creates the topic, with AGENT_TURNS_PARTITIONS.
+            "allow.auto.create.topics": False,
+            **(client_config or {}),
+        }
+        self._consumer_config = {
+            **base,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "max.poll.interval.ms": max_poll_interval_ms,
+            "session.timeout.ms": session_timeout_ms,
+            "queued.max.messages.kbytes": 4096,
+        }
+        self._admin = TopicAdmin(base, topic, group, timeout_s)
+        try:
+            self.partitions = self._admin.ensure(self.wanted_partitions)
+        except BaseException:
+            self._admin.close()
+            raise
+        self.producer = CoalescingProducer(
+            base,
+            topic,
+            flush_timeout_s=timeout_s,
+            linger_s=linger_s,
+            coalesce=coalesce,
+            on_missing_topic=self._reensure,
+        )
+        self._lock = threading.Lock()
+        self._consumers: dict[str, OwnedConsumer] = {}
+        self._relays: dict[int, GroupCommit[int]] = {}
+        self._stop = threading.Event()
+        self._keepalive: threading.Thread | None = None
+        self.handoffs = 0
+        self._retired = {"assignments": 0, "revocations": 0}
+
+    # -- health and admission ---------------------------------------------------
+    def ping(self) -> None:
+        """Raise unless the broker answers and the topic has its partitions
+        (re-creating a topic a broker lost; a broker that cannot grow raises)."""
+        self.partitions = self._admin.ensure(self.wanted_partitions)
+
+    def _reensure(self) -> None:
+        try:
+            self.partitions = self._admin.ensure(self.wanted_partitions)
+        except TaskQueueUnavailable as exc:
+            log.warning("topic check failed: %s", exc)
+
+    def depth(self) -> int:
+        """Consumer-group lag (authoritative; raises :class:`DepthUnavailable`)."""
+        return self._admin.lag()
+
+    def admit(self, n: int, max_depth: int) -> None:
+        """Reject before anything is stored or produced when the lag plus ``n``
+        would exceed the bound; an unknown lag rejects too."""
+        lag = self.depth()
+        if lag + n > max_depth:
+            raise QueueFull(
+                f"queue full: {lag} unconsumed turns on Kafka, bound AGENT_DISPATCH_MAX_DEPTH={max_depth}"
+            )
+
+    # -- publishing ------------------------------------------------------------------
+    def put(self, envelope: Envelope) -> None:
+        """Publish one envelope; returns after the broker confirmed it."""
+        self.put_many([envelope])
+
+    def put_many(self, envelopes: Sequence[Envelope]) -> None:
+        """Publish a batch behind one delivery-confirmed flush."""
+        self.producer.put_many([(message_key(e.session_id, e.tenant), e.to_json().encode()) for e in envelopes])
+
+    def relay(self, store: Store) -> int:
+        """Publish the store's outbox; concurrent callers share one round.
+        Returns after every row committed before the call is confirmed (or
+        raises; the rows then stay and the next relay retries them)."""
+        with self._lock:
+            gate = self._relays.setdefault(id(store), GroupCommit())
+        return gate.run(lambda: self._drain(store))
+
+    def _drain(self, store: Store) -> int:
+        total = 0
+        while True:
+            rows = store.outbox_take(RELAY_BATCH)
+            if not rows:
+                return total
+            self.put_many([env for _, env in rows])
+            store.outbox_done([row_id for row_id, _ in rows])  # only after delivery
+            total += len(rows)
+            if len(rows) < RELAY_BATCH:
+                return total
+
+    # -- consuming -------------------------------------------------------------------
+    def _consumer(self, owner: str) -> OwnedConsumer:
+        with self._lock:
+            oc = self._consumers.get(owner)
+            if oc is None or oc.closed:
+                oc = OwnedConsumer(owner, self._consumer_config, self.topic, buffer_max=self.buffer_max)
+                self._consumers[owner] = oc
+            if self._keepalive is None:
+                self._keepalive = threading.Thread(target=self._keepalive_loop, name="kafka-keepalive", daemon=True)
+                self._keepalive.start()
+            return oc
+
+    def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
+        """One envelope from ``owner``'s own consumer (created on first use)."""
+        return self._consumer(owner).get(visibility_s, wait_s)
+
+    def _owner_of(self, delivery: Delivery) -> OwnedConsumer | None:
+        with self._lock:
+            return self._consumers.get(delivery.receipt.owner)
+
+    def ack(self, delivery: Delivery) -> bool:
+        """Commit the offset; False when the receipt's consumer no longer owns it
+        (another owner's receipt, a revoked partition, a handed-off consumer)."""
+        oc = self._owner_of(delivery)
+        return oc is not None and oc.ack(delivery.receipt)
+
+    def release(self, delivery: Delivery, delay_s: float) -> None:
+        """Hold the message, uncommitted, in its consumer for ``delay_s``."""
+        oc = self._owner_of(delivery)
+        if oc is not None:
+            oc.release(delivery.receipt, delay_s)
+
+    def _keepalive_loop(self) -> None:
+        while not self._stop.wait(min(0.5, self.keepalive_s)):
+            with self._lock:
+                consumers = list(self._consumers.values())
+            now = time.monotonic()
+            for oc in consumers:
+                try:
+                    oc.keepalive(now, self.keepalive_s, self._handoff)
+                except Exception as exc:  # keep the thread alive; the owner sees errors itself
+                    log.warning("keepalive poll failed (%s)", type(exc).__name__)
+
+    def _handoff(self, oc: OwnedConsumer) -> None:
+        log.info("a delivery outlived its visibility: handing its partitions to other consumers")
+        oc.close()
+        self.handoffs += 1
+        for k, v in oc.stats().items():
+            if k in self._retired:
+                self._retired[k] += v
+        with self._lock:
+            if self._consumers.get(oc.owner) is oc:
+                del self._consumers[oc.owner]
+
+    def stats(self) -> dict[str, int]:
+        """Counters: flushes, messages, relay rounds, consumers, rebalances."""
+        with self._lock:
+            consumers = list(self._consumers.values())
+            relays = sum(g.rounds for g in self._relays.values())
+        per = [oc.stats() for oc in consumers]
+        return {
+            "flushes": self.producer.flushes,
+            "messages": self.producer.messages,
+            "relay_rounds": relays,
+            "consumers": len(consumers),
+            "assignments": self._retired["assignments"] + sum(s["assignments"] for s in per),
+            "revocations": self._retired["revocations"] + sum(s["revocations"] for s in per),
+            "handoffs": self.handoffs,
+        }
+
+    def close(self) -> None:
+        """Stop the keepalive, leave the group, flush and close clients."""
+        self._stop.set()
+        if self._keepalive is not None:
+            self._keepalive.join(timeout=5)
+        with self._lock:
+            consumers = list(self._consumers.values())
+            self._consumers.clear()
+        for oc in consumers:
+            oc.close()
+        self.producer.close()
+        self._admin.close()

@@ -1,0 +1,285 @@
+"""One Kafka consumer per owner (worker thread), with a small local buffer.
+
+Offsets: a partition's committed offset is the lowest offset this consumer has
+fetched but not acknowledged (buffered, held or in flight), so nothing is ever
+committed past a turn whose fenced commit has not happened. Acks may arrive out
+of order (priority picks, released deliveries); the commit point only moves
+forward over a contiguous acknowledged prefix.
+
+``release`` keeps the message in the buffer, uncommitted, until ``delay_s``
+passes: no re-publish, nothing a crash could lose (an uncommitted message is
+fetched again by whoever owns the partition next).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from ..errors import TaskQueueUnavailable
+from .base import Delivery, Receipt
+
+_SEQ = itertools.count()
+
+
+@dataclass
+class _Entry:
+    """A fetched message this consumer has not acknowledged."""
+
+    partition: int
+    offset: int
+    key: bytes
+    raw: str
+    priority: int
+    deadline: float | None
+    seq: int
+    visible_at: float = 0.0  # monotonic; released entries wait until then
+    deliveries: int = 0
+    taken_at: float = 0.0  # monotonic; when handed out (in flight)
+    visibility_s: float = 0.0
+
+
+def _entry(msg: Message) -> _Entry:
+    raw = (msg.value() or b"").decode("utf-8", "replace")
+    priority, deadline = 0, None
+    try:  # ordering hints only; validation (poison) is the worker's job
+        body = json.loads(raw)
+        priority = int(body.get("priority") or 0)
+        d = body.get("deadline_unix")
+        deadline = float(d) if d is not None else None
+    except (ValueError, TypeError, AttributeError):
+        pass
+    return _Entry(
+        partition=int(msg.partition() or 0),
+        offset=int(msg.offset() or 0),
+        key=msg.key() or b"",
+        raw=raw,
+        priority=priority,
+        deadline=deadline,
+        seq=next(_SEQ),
+    )
+
+
+class OwnedConsumer:
+    """The consumer of one owner. Every method takes ``self.lock``."""
+
+    def __init__(self, owner: str, config: dict[str, Any], topic: str, *, buffer_max: int) -> None:
+        self.owner = owner
+        self.topic = topic
+        self.buffer_max = buffer_max
+        self.incarnation = next(_SEQ)
+        self.lock = threading.RLock()
+        self.closed = False
+        self.last_poll = time.monotonic()
+        self.assigned: set[int] = set()
+        self.revocations = 0
+        self.assignments = 0
+        self._buffer: list[_Entry] = []
+        self._inflight: dict[tuple[int, int], _Entry] = {}
+        self._outstanding: dict[int, set[int]] = {}
+        self._next: dict[int, int] = {}
+        self._committed: dict[int, int] = {}
+        self._paused = False
+        self._c = Consumer(config)
+        self._c.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
+
+    # -- rebalance callbacks (run inside poll, under self.lock) ---------------
+    def _on_assign(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
+        self.assignments += 1
+        self.assigned = {p.partition for p in parts}
+        self._paused = False
+
+    def _on_revoke(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
+        self.revocations += 1
+        gone = {p.partition for p in parts}
+        self.assigned -= gone
+        # Uncommitted messages of revoked partitions are re-fetched by the next
+        # owner; deliveries in flight become stale (their ack is refused).
+        self._buffer = [e for e in self._buffer if e.partition not in gone]
+        self._inflight = {k: e for k, e in self._inflight.items() if e.partition not in gone}
+        for p in gone:
+            self._outstanding.pop(p, None)
+            self._next.pop(p, None)
+            self._committed.pop(p, None)
+
+    # -- fetching --------------------------------------------------------------
+    def _poll(self, timeout: float) -> None:
+        """One poll; buffers what arrives (also called by the keepalive)."""
+        msg = self._c.poll(timeout)
+        self.last_poll = time.monotonic()
+        while msg is not None:
+            err = msg.error()
+            if err is None:
+                self._add(_entry(msg))
+            elif err.fatal():
+                raise TaskQueueUnavailable(f"fatal Kafka consumer error ({err.name()})")
+            elif err.code() != KafkaError._PARTITION_EOF:
+                pass  # transient (broker restart, rebalance): librdkafka recovers
+            if len(self._buffer) >= self.buffer_max:
+                break
+            msg = self._c.poll(0)  # drain what is already fetched, without waiting
+        self._backpressure()
+
+    def _add(self, e: _Entry) -> None:
+        if e.partition not in self.assigned:
+            return
+        pending = self._outstanding.setdefault(e.partition, set())
+        if e.offset in pending:
+            return  # fetched twice (a seek after an error): one copy is enough
+        if e.offset < self._committed.get(e.partition, -1):
+            self._rewound(e.partition)  # the broker lost its log: start the partition over
+        self._outstanding.setdefault(e.partition, set()).add(e.offset)
+        self._next[e.partition] = max(self._next.get(e.partition, 0), e.offset + 1)
+        self._buffer.append(e)
+
+    def _rewound(self, part: int) -> None:
+        # Offsets of the old log mean nothing now; in-flight deliveries of the
+        # partition become stale (their turns still commit in the store).
+        self._buffer = [e for e in self._buffer if e.partition != part]
+        self._inflight = {k: e for k, e in self._inflight.items() if e.partition != part}
+        for d in (self._outstanding, self._next, self._committed):
+            d.pop(part, None)
+
+    def _backpressure(self) -> None:
+        # A full buffer pauses fetching; the consumer keeps polling (staying a
+        # live group member) and resumes once the buffer drains to half.
+        parts = [TopicPartition(self.topic, p) for p in sorted(self.assigned)]
+        if not parts:
+            return
+        if not self._paused and len(self._buffer) >= self.buffer_max:
+            self._c.pause(parts)
+            self._paused = True
+        elif self._paused and len(self._buffer) <= self.buffer_max // 2:
+            self._c.resume(parts)
+            self._paused = False
+
+    def _pick(self, now_mono: float, now_unix: float) -> _Entry | None:
+        """Expired deadlines first, then priority, then arrival; only the first
+        buffered message of each key (session) is eligible, so a session's
+        turns are handed out in order."""
+        heads: dict[tuple[int, bytes], _Entry] = {}
+        for e in self._buffer:
+            k = (e.partition, e.key)
+            if k not in heads or e.offset < heads[k].offset:
+                heads[k] = e
+        ready = [e for e in heads.values() if e.visible_at <= now_mono]
+        if not ready:
+            return None
+        return min(
+            ready,
+            key=lambda e: (
+                not (e.deadline is not None and e.deadline <= now_unix),
+                -e.priority,
+                e.seq,
+            ),
+        )
+
+    def get(self, visibility_s: float, wait_s: float) -> Delivery | None:
+        """Hand out one message, polling up to ``wait_s`` for one."""
+        deadline = time.monotonic() + wait_s
+        with self.lock:
+            while not self.closed:
+                now = time.monotonic()
+                e = self._pick(now, time.time())
+                if e is not None:
+                    self._buffer.remove(e)
+                    e.deliveries += 1
+                    e.taken_at, e.visibility_s = now, visibility_s
+                    self._inflight[(e.partition, e.offset)] = e
+                    ref = (self.incarnation, e.partition, e.offset)
+                    return Delivery(raw=e.raw, receipt=Receipt(self.owner, now, ref), deliveries=e.deliveries)
+                remaining = deadline - now
+                if remaining <= 0:
+                    return None
+                self._poll(min(remaining, 0.1))
+        return None
+
+    # -- acknowledgement -------------------------------------------------------
+    def _owned(self, receipt: Receipt) -> _Entry | None:
+        ref = receipt.ref
+        if self.closed or receipt.owner != self.owner or not isinstance(ref, tuple) or len(ref) != 3:
+            return None
+        inc, part, off = ref
+        e = self._inflight.get((part, off))
+        if inc != self.incarnation or e is None or e.taken_at != receipt.claimed_at:
+            return None
+        return e
+
+    def ack(self, receipt: Receipt) -> bool:
+        """Commit past the message if this receipt still owns it."""
+        with self.lock:
+            e = self._owned(receipt)
+            if e is None:
+                return False
+            del self._inflight[(e.partition, e.offset)]
+            pending = self._outstanding.get(e.partition, set())
+            pending.discard(e.offset)
+            target = min(pending) if pending else self._next.get(e.partition, e.offset + 1)
+            if target > self._committed.get(e.partition, -1):
+                self._committed[e.partition] = target
+                try:
+                    self._c.commit(offsets=[TopicPartition(self.topic, e.partition, target)], asynchronous=True)
+                except Exception:
+                    # Not committed: the message is redelivered and skipped (terminal).
+                    self._committed.pop(e.partition, None)
+            return True
+
+    def release(self, receipt: Receipt, delay_s: float) -> bool:
+        """Put the message back in the buffer, uncommitted, for ``delay_s``."""
+        with self.lock:
+            e = self._owned(receipt)
+            if e is None:
+                return False
+            del self._inflight[(e.partition, e.offset)]
+            e.visible_at = time.monotonic() + max(0.0, delay_s)
+            self._buffer.append(e)
+            return True
+
+    # -- keepalive -------------------------------------------------------------
+    def keepalive(self, now: float, interval_s: float, on_expired: Callable[[OwnedConsumer], None]) -> None:
+        """Called by the transport's keepalive thread: while the owner runs a
+        turn it does not poll, so poll for it (staying in the group past
+        ``max.poll.interval.ms``); a delivery past its visibility hands the
+        partitions off to the other consumers."""
+        if not self.lock.acquire(blocking=False):
+            return  # the owner is polling right now
+        try:
+            if self.closed or not self._inflight:
+                return
+            if any(now - e.taken_at > e.visibility_s for e in self._inflight.values()):
+                on_expired(self)
+                return
+            if now - self.last_poll >= interval_s:
+                self._poll(0)
+        finally:
+            self.lock.release()
+
+    def stats(self) -> dict[str, int]:
+        """Counters for tests and metrics."""
+        with self.lock:
+            return {
+                "buffered": len(self._buffer),
+                "inflight": len(self._inflight),
+                "assignments": self.assignments,
+                "revocations": self.revocations,
+            }
+
+    def close(self) -> None:
+        """Leave the group (uncommitted messages go to the next owner)."""
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            self._buffer.clear()
+            self._inflight.clear()
+            try:
+                self._c.close()
+            except Exception:  # already closed or broker gone: leaving is best effort
+                pass
