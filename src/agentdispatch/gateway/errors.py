@@ -46,7 +46,8 @@ def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
 
 def is_outage(exc: BaseException) -> bool:
     """Whether an unexpected exception is the database going away (not a bug)."""
-    if isinstance(exc, (TaskQueueUnavailable, sqlite3.OperationalError, sqlite3.DatabaseError)):
+    # OSError: the SQLite file or its directory cannot be reached at all.
+    if isinstance(exc, (TaskQueueUnavailable, sqlite3.OperationalError, sqlite3.DatabaseError, OSError)):
         return True
     # psycopg is optional: match its operational errors by module, not import.
     mod = type(exc).__module__
@@ -105,7 +106,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, on_http)
     # Known classes are handled by the exception middleware (the request ends
     # there); only true bugs reach the catch-all, which also logs them.
-    for cls in (ApiError, AgentDispatchError, sqlite3.Error, *_driver_errors()):
+    for cls in (ApiError, AgentDispatchError, sqlite3.Error, OSError, *_driver_errors()):
         app.add_exception_handler(cls, on_error)
     app.add_exception_handler(Exception, on_error)
 
