@@ -1,0 +1,211 @@
+"""PostgreSQL connections shared by the PostgreSQL store and transport.
+
+A :class:`psycopg_pool.ConnectionPool` of autocommit connections. Every write
+is one explicit transaction run by :meth:`PgDb.run`, which retries it when the
+database certainly rolled it back (a stale pooled connection after a restart,
+a deadlock, a serialization failure) and otherwise raises
+:class:`TaskQueueUnavailable`. No session state is used on the correctness
+path (transaction-level locks and settings only), so a PgBouncer in
+transaction mode in front of the database changes nothing.
+
+Error messages never echo the connection URI: they name the error class only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import ConnectionPool
+
+from ..errors import TaskQueueUnavailable
+
+T = TypeVar("T")
+Conn = psycopg.Connection[DictRow]
+
+#: Errors after which the transaction certainly rolled back: run it again.
+_RETRY_NOW = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure, pg_errors.LockNotAvailable)
+NOW_SQL = "SELECT extract(epoch FROM clock_timestamp())::float8 AS now"
+
+
+def describe(exc: BaseException) -> str:
+    """A credential-free description of a database error."""
+    if isinstance(exc, psycopg.Error) and exc.sqlstate:
+        return f"{type(exc).__name__}, SQLSTATE {exc.sqlstate}"
+    return type(exc).__name__
+
+
+class _QuietPool(logging.Filter):
+    """psycopg_pool logs connection failures with host and port: keep only a
+    credential-free line (the pool retries in the background)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            record.msg = "PostgreSQL pool: a connection attempt failed (will retry)"
+            record.args = ()
+        return True
+
+
+def _quiet_pool_logs() -> None:
+    logger = logging.getLogger("psycopg.pool")
+    if not any(isinstance(f, _QuietPool) for f in logger.filters):
+        logger.addFilter(_QuietPool())
+
+
+class PgDb:
+    """A pool of autocommit connections and the transaction runner."""
+
+    def __init__(self, uri: str, *, max_size: int = 32, timeout_s: float = 10.0) -> None:
+        _quiet_pool_logs()
+        self.uri = uri
+        self.pool: ConnectionPool[Conn] = ConnectionPool(
+            uri,
+            kwargs={"autocommit": True, "row_factory": dict_row},
+            min_size=1,
+            max_size=max_size,
+            timeout=timeout_s,
+            open=False,
+            name="agentdispatch",
+            reconnect_timeout=3600.0,
+        )
+        self.pool.open(wait=False)
+        self._local = threading.local()
+
+    def close(self) -> None:
+        """Close the pool and every connection."""
+        self.pool.close(timeout=5.0)
+
+    def _unavailable(self, exc: BaseException, what: str) -> TaskQueueUnavailable:
+        return TaskQueueUnavailable(f"PostgreSQL {what} failed ({describe(exc)}); check STATE_DB_URI")
+
+    def read(self, fn: Callable[[Conn], T]) -> T:
+        """Run an idempotent read; after a connection error, check the pool
+        (dropping connections a restart broke) and try once more."""
+        for attempt in (1, 2):
+            try:
+                with self.pool.connection() as conn:
+                    return fn(conn)
+            except psycopg.OperationalError as exc:
+                if attempt == 2:
+                    raise self._unavailable(exc, "read") from None
+                self._check()
+            except psycopg.Error as exc:
+                raise self._unavailable(exc, "read") from None
+        raise AssertionError("unreachable")
+
+    def _check(self) -> None:
+        with contextlib.suppress(psycopg.Error):  # the next attempt reports it
+            self.pool.check()
+
+    @contextmanager
+    def transaction(self, durable: bool) -> Iterator[Conn]:
+        """One transaction on a pooled connection (no retry). Non-durable
+        transactions commit asynchronously: losing one in a crash is safe,
+        because the next durable commit flushes the WAL written before it."""
+        try:
+            with self.pool.connection() as conn, conn.transaction():
+                if not durable:
+                    conn.execute("SET LOCAL synchronous_commit = off")
+                yield conn
+        except psycopg.Error as exc:
+            raise self._unavailable(exc, "transaction") from None
+
+    @contextmanager
+    def atomic(self, durable: bool) -> Iterator[Conn]:
+        """One transaction that every :meth:`run` of this thread joins until it
+        ends (a claim with its delivery, a commit with its acknowledgement)."""
+        current: Conn | None = getattr(self._local, "conn", None)
+        if current is not None:
+            if durable:
+                current.execute("SET LOCAL synchronous_commit = on")
+            yield current
+            return
+        with self.transaction(durable) as conn:
+            self._local.conn = conn
+            try:
+                yield conn
+            finally:
+                self._local.conn = None
+
+    def _joined(self, fn: Callable[[Conn], T], conn: Conn, durable: bool) -> T:
+        # Inside atomic(): no retry of our own, the outer transaction decides.
+        try:
+            if durable:
+                conn.execute("SET LOCAL synchronous_commit = on")
+            return fn(conn)
+        except psycopg.Error as exc:
+            raise self._unavailable(exc, "transaction") from None
+
+    def run(
+        self,
+        fn: Callable[[Conn], T],
+        *,
+        durable: bool = False,
+        idempotent: bool = False,
+        patience_s: float = 0.0,
+        single: bool = False,
+    ) -> T:
+        """Run ``fn`` in one transaction. A transaction that certainly rolled
+        back is retried: at once after a deadlock or a stale pooled connection,
+        and for up to ``patience_s`` seconds while the database restarts. When
+        the connection dies during COMMIT the outcome is unknown: only an
+        ``idempotent`` transaction is retried then. ``single``: ``fn`` runs one
+        statement in autocommit (one round trip; always durable)."""
+        current: Conn | None = getattr(self._local, "conn", None)
+        if current is not None:
+            return self._joined(fn, current, durable)
+        deadline = time.monotonic() + patience_s
+        attempt = 0
+        while True:
+            attempt += 1
+            committing = False
+            try:
+                with self.pool.connection() as conn:
+                    if single:
+                        committing = True
+                        return fn(conn)
+                    with conn.transaction():
+                        if not durable:
+                            conn.execute("SET LOCAL synchronous_commit = off")
+                        result = fn(conn)
+                        committing = True
+                    return result
+            except _RETRY_NOW as exc:
+                if attempt >= 5:
+                    raise self._unavailable(exc, "transaction") from None
+            except psycopg.OperationalError as exc:
+                if committing and not idempotent:
+                    raise TaskQueueUnavailable(
+                        f"PostgreSQL connection lost during COMMIT ({describe(exc)}); the outcome is unknown"
+                    ) from None
+                if attempt > 1 and time.monotonic() >= deadline:
+                    raise self._unavailable(exc, "transaction") from None
+                if attempt > 1:
+                    time.sleep(min(0.5, 0.05 * attempt))
+                self._check()
+            except psycopg.Error as exc:
+                raise self._unavailable(exc, "transaction") from None
+
+    def now(self) -> float:
+        """Database time, seconds since the epoch."""
+
+        def q(conn: Conn) -> float:
+            row = conn.execute(NOW_SQL).fetchone()
+            assert row is not None
+            return float(row["now"])
+
+        return self.read(q)
+
+
+def scalar(conn: Conn, sql: str, params: Any = None) -> Any:
+    """The first column of the first row (None when no row)."""
+    row = conn.execute(sql, params).fetchone()
+    return None if row is None else next(iter(row.values()))

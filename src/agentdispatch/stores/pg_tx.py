@@ -1,0 +1,252 @@
+""":class:`engine.Tx` over one PostgreSQL transaction.
+
+Reads go out at once; inserts, saves, provenance rows and envelopes are
+buffered and written in a few multi-row statements before the next read and
+before COMMIT. A bulk submit of thousands of
+items is therefore a handful of statements, while the engine's semantics (and
+the order in which a reader would see the writes) stay those of one statement
+per write.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from ..envelope import Envelope
+from ..policy import opaque_ref
+from ..sqlfiles import queries
+from ..workitem import WorkItem
+from .base import Effect
+from .pg_db import Conn
+from .rows import dumps, item_from_row, mutable_params
+
+Q = queries("agentdispatch.stores.sql.postgres", "queries.sql")
+
+_INSERT_COLS = (
+    "seq", "id", "tenant", "session_id", "session_ref", "kind", "agent_name", "payload", "priority",
+    "status", "reason", "attempts", "max_attempts", "dependencies", "deadline_unix", "created_at",
+    "ready_at", "updated_at", "lease_epoch",
+)  # fmt: skip
+_EVENT_COLS = ("job_id", "at", "event", "status", "attempt", "epoch", "detail")
+_ENQUEUE_COLS = (
+    "job_id", "item_seq", "session_ref", "tenant_ref", "group_ref", "priority", "deadline_unix",
+    "envelope", "enqueued_at", "visible_at",
+)  # fmt: skip
+
+
+def _columns(rows: list[dict[str, Any]], cols: Sequence[str]) -> dict[str, list[Any]]:
+    return {c: [r[c] for r in rows] for c in cols}
+
+
+def effect_from_row(row: dict[str, Any]) -> Effect:
+    """A ledger row as an :class:`Effect`."""
+    return Effect(
+        key=row["key"],
+        job_id=row["job_id"],
+        state=row["state"],
+        epoch=int(row["epoch"]),
+        result=None if row["result"] is None else json.loads(row["result"]),
+        updated_at=float(row["updated_at"]),
+    )
+
+
+class PostgresTx:
+    """The SQL of :class:`engine.Tx` inside one open PostgreSQL transaction."""
+
+    def __init__(self, conn: Conn, ref_key: bytes) -> None:
+        self.c = conn
+        self.ref_key = ref_key
+        self._now: float | None = None
+        self._seqs: list[int] = []
+        self._prefetched: dict[str, WorkItem | None] = {}
+        self._inserts: list[dict[str, Any]] = []
+        self._saves: list[dict[str, Any]] = []
+        self._events: list[dict[str, Any]] = []
+        self._enqueues: list[dict[str, Any]] = []
+
+    # -- buffering ------------------------------------------------------------
+    def flush(self) -> None:
+        """Write every buffered row (inserts first: saves may update them)."""
+        if not (self._inserts or self._saves or self._events or self._enqueues):
+            return
+        # Plain round trips: for the usual two or three statements they beat
+        # entering pipeline mode; executemany pipelines many saves by itself.
+        if self._inserts:
+            self.c.execute(Q["insert_many"], _columns(self._inserts, _INSERT_COLS))
+        if len(self._saves) == 1:
+            self.c.execute(Q["save"], self._saves[0])
+        elif self._saves:
+            self.c.cursor().executemany(Q["save"], self._saves)
+        if self._events:
+            self.c.execute(Q["event_many"], _columns(self._events, _EVENT_COLS))
+        if self._enqueues:
+            # Sorted so that concurrent writers lock fairness rows in one order.
+            rows = sorted(self._enqueues, key=lambda r: (r["priority"], r["group_ref"]))
+            self.c.execute(Q["enqueue_many"], _columns(rows, _ENQUEUE_COLS))
+        self._inserts.clear()
+        self._saves.clear()
+        self._events.clear()
+        self._enqueues.clear()
+
+    def _one(self, sql: str, params: Any = None) -> dict[str, Any] | None:
+        self.flush()
+        return self.c.execute(sql, params).fetchone()
+
+    def _all(self, sql: str, params: Any = None) -> list[dict[str, Any]]:
+        self.flush()
+        return self.c.execute(sql, params).fetchall()
+
+    # -- bulk helpers used by PostgresStore.submit ------------------------------
+    def admission_lock(self) -> None:
+        """Serialize compare-and-admit with every other submitter."""
+        self._one(Q["admission_lock"])
+
+    def prefetch(self, job_ids: Sequence[str]) -> None:
+        """Load (and lock) many items in one query; each answers one ``load``."""
+        ids = sorted(set(job_ids))
+        found = {r["id"]: item_from_row(r) for r in self._all(Q["load_many"], {"ids": ids})}
+        self._prefetched = {i: found.get(i) for i in ids}
+
+    def reserve_seqs(self, n: int) -> None:
+        """Allocate ``n`` item sequence numbers in one round trip."""
+        rows = self._all(Q["next_seqs"], {"n": n})
+        self._seqs = [int(r["seq"]) for r in reversed(rows)]
+
+    # -- engine.Tx ------------------------------------------------------------
+    def now(self) -> float:
+        if self._now is None:
+            row = self._one(Q["now"])
+            assert row is not None
+            self._now = float(row["now"])
+        return self._now
+
+    def load(self, job_id: str, *, lock: bool = True) -> WorkItem | None:
+        if job_id in self._prefetched:
+            return self._prefetched.pop(job_id)
+        row = self._one(Q["load_lock" if lock else "load"], {"id": job_id})
+        return None if row is None else item_from_row(row)
+
+    def session_ref(self, item: WorkItem) -> str:
+        """The keyed opaque reference of the item's session."""
+        return opaque_ref(self.ref_key, "session", item.tenant, item.session_id)
+
+    def insert(self, item: WorkItem) -> WorkItem:
+        if not self._seqs:
+            self.reserve_seqs(1)
+        item = replace(item, seq=self._seqs.pop())
+        params = mutable_params(item)
+        params.update(
+            seq=item.seq,
+            tenant=item.tenant,
+            session_id=item.session_id,
+            session_ref=self.session_ref(item),
+            kind=item.kind,
+            agent_name=item.agent_name,
+            payload=dumps(item.payload),
+            priority=item.priority,
+            dependencies=dumps(list(item.dependencies)),
+            deadline_unix=item.deadline_unix,
+            created_at=item.created_at,
+        )
+        self._inserts.append(params)
+        return item
+
+    def save(self, item: WorkItem) -> None:
+        self._saves.append(mutable_params(item))
+
+    def event(self, item: WorkItem, event: str, detail: str | None = None) -> None:
+        self._events.append(
+            {
+                "job_id": item.id,
+                "at": self.now(),
+                "event": event,
+                "status": item.status.value,
+                "attempt": item.attempt,
+                "epoch": item.lease_epoch,
+                "detail": detail,
+            }
+        )
+
+    def enqueue(self, item: WorkItem, envelope: Envelope, visible_at: float) -> None:
+        ref = self.session_ref(item)
+        self._enqueues.append(
+            {
+                "job_id": item.id,
+                "item_seq": item.seq,
+                "session_ref": ref,
+                "tenant_ref": opaque_ref(self.ref_key, "tenant", item.tenant),
+                "group_ref": ref,  # the fairness group is the session
+                "priority": item.priority,
+                "deadline_unix": item.deadline_unix,
+                "envelope": envelope.to_json(),
+                "enqueued_at": self.now(),
+                "visible_at": visible_at,
+            }
+        )
+
+    def has_envelope(self, job_id: str) -> bool:
+        return self._one(Q["has_envelope"], {"id": job_id}) is not None
+
+    def add_dependencies(self, job_id: str, deps: Sequence[str]) -> None:
+        self.flush()
+        self.c.cursor().executemany(Q["add_dependency"], [(d, job_id) for d in deps])
+
+    def dependants(self, job_id: str) -> list[str]:
+        return [r["job_id"] for r in self._all(Q["dependants"], {"id": job_id})]
+
+    def active_count(self) -> int:
+        self.admission_lock()
+        row = self._one(Q["active_count"])
+        assert row is not None
+        return int(row["n"])
+
+    def session_blocker(self, item: WorkItem, now: float) -> float | None:
+        ref = self.session_ref(item)
+        # The lock comes first, in its own statement, so that the blocker query's
+        # snapshot (taken when it starts) includes the previous holder's commit.
+        self._one(Q["session_lock"], {"session_ref": ref})
+        row = self._one(Q["session_blocker"], {"session_ref": ref, "id": item.id, "seq": item.seq})
+        if row is None:
+            return None
+        if row["status"] in ("leased", "running") and row["lease_expires_at"] is not None:
+            return max(0.05, min(5.0, float(row["lease_expires_at"]) - now))
+        return 0.5
+
+    def effect_get(self, tenant: str, key: str) -> Effect | None:
+        row = self._one(Q["effect_get"], {"tenant": tenant, "key": key})
+        return None if row is None else effect_from_row(row)
+
+    def effect_put(self, tenant: str, effect: Effect, now: float) -> None:
+        self.flush()
+        self.c.execute(
+            Q["effect_put"],
+            {
+                "tenant": tenant,
+                "key": effect.key,
+                "job_id": effect.job_id,
+                "state": effect.state,
+                "epoch": effect.epoch,
+                "result": None if effect.result is None else dumps(effect.result),
+                "now": now,
+            },
+        )
+
+    def effects_of(self, job_id: str) -> list[Effect]:
+        return [effect_from_row(r) for r in self._all(Q["effects_of"], {"id": job_id})]
+
+    def expired_leases(self, now: float, limit: int) -> list[WorkItem]:
+        return [item_from_row(r) for r in self._all(Q["expired_leases"], {"now": now, "limit": limit})]
+
+    def expired_deadlines(self, now: float, limit: int) -> list[WorkItem]:
+        return [item_from_row(r) for r in self._all(Q["expired_deadlines"], {"now": now, "limit": limit})]
+
+    def stranded(self, now: float, redeliver_after_s: float, limit: int) -> list[WorkItem]:
+        rows = self._all(Q["stranded"], {"now": now, "grace": redeliver_after_s, "limit": limit})
+        return [item_from_row(r) for r in rows]
+
+    def drop_dead_rows(self) -> int:
+        self.flush()
+        return self.c.execute(Q["drop_dead_rows"]).rowcount

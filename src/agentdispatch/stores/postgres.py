@@ -1,0 +1,291 @@
+"""The PostgreSQL store: WorkItems shared by a fleet of hosts.
+
+The store logic is :mod:`engine`'s, run over :class:`PostgresTx`. Row locks
+(``SELECT ... FOR UPDATE``) make each transition atomic; transaction-level
+advisory locks serialize compare-and-admit and per-session claims. Every
+time is the database's clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import psycopg
+
+from ..envelope import Envelope
+from ..errors import JobNotFound, TaskQueueUnavailable
+from ..sqlfiles import migrations
+from ..workitem import Lease, Outcome, Status, WorkItem
+from . import engine
+from .base import Accepted, Claim, Effect, NewJob, SweepReport, WorkerRow
+from .pg_db import Conn, PgDb, describe, scalar
+from .pg_tx import PostgresTx, Q, effect_from_row
+from .rows import item_from_row
+
+T = TypeVar("T")
+_SQL_PKG = "agentdispatch.stores.sql.postgres"
+#: How long a worker-side write waits for a restarting database before it
+#: gives up (the lease TTL gives the turn slack meanwhile).
+WORKER_PATIENCE_S = 20.0
+
+
+class PostgresStore:
+    """The WorkItem authority on PostgreSQL (``STATE_DB_URI``)."""
+
+    name = "postgres"
+
+    def __init__(self, uri: str, *, extra_attempts: int = 5, pool_size: int = 32) -> None:
+        self.db = PgDb(uri, max_size=pool_size)
+        self.extra_attempts = extra_attempts
+        self._ref_key: bytes | None = None
+
+    # -- plumbing -------------------------------------------------------------
+    def _key(self) -> bytes:
+        if self._ref_key is None:
+            try:
+                value = self.db.read(lambda c: scalar(c, Q["meta_get"], {"key": "ref_key"}))
+            except TaskQueueUnavailable:
+                value = None
+            if value is None:
+                raise TaskQueueUnavailable("the PostgreSQL store has no schema; run `agentdispatch migrate`")
+            self._ref_key = bytes.fromhex(value)
+        return self._ref_key
+
+    def _run(
+        self,
+        op: Callable[[PostgresTx], T],
+        *,
+        durable: bool = False,
+        idempotent: bool = False,
+        patience_s: float = 0.0,
+    ) -> T:
+        key = self._key()
+
+        def body(conn: Conn) -> T:
+            tx = PostgresTx(conn, key)
+            result = op(tx)
+            tx.flush()
+            return result
+
+        return self.db.run(body, durable=durable, idempotent=idempotent, patience_s=patience_s)
+
+    @contextmanager
+    def transaction(self, durable: bool = False) -> Iterator[PostgresTx]:
+        """One write transaction as an :class:`engine.Tx` (for extensions such
+        as durable intake that must write in the same transaction)."""
+        key = self._key()
+        with self.db.transaction(durable) as conn:
+            tx = PostgresTx(conn, key)
+            yield tx
+            tx.flush()
+
+    def migrate(self) -> None:
+        """Apply the numbered migrations not applied yet (one transaction)."""
+
+        def apply(conn: Conn) -> None:
+            conn.execute(Q["migrate_lock"])
+            conn.execute("CREATE TABLE IF NOT EXISTS dispatch_meta (key text PRIMARY KEY, value text NOT NULL)")
+            current = int(scalar(conn, Q["meta_get"], {"key": "schema_version"}) or 0)
+            for number, _name, sql in migrations(_SQL_PKG):
+                if number > current:
+                    conn.execute(sql.encode())  # bytes: no parameter parsing of the script
+                    current = number
+            conn.execute(
+                "INSERT INTO dispatch_meta (key, value) VALUES ('schema_version', %s) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (str(current),),
+            )
+            conn.execute(
+                "INSERT INTO dispatch_meta (key, value) VALUES ('ref_key', %s) ON CONFLICT DO NOTHING",
+                (secrets.token_hex(32),),
+            )
+
+        self.db.run(apply, durable=True)
+
+    def schema_version(self) -> int:
+        def q(conn: Conn) -> int:
+            try:
+                with conn.transaction():
+                    return int(scalar(conn, Q["meta_get"], {"key": "schema_version"}) or 0)
+            except psycopg.errors.UndefinedTable:
+                return 0
+
+        return self.db.read(q)
+
+    def ping(self) -> None:
+        want = migrations(_SQL_PKG)[-1][0]
+        have = self.schema_version()
+        if have < want:
+            raise TaskQueueUnavailable(
+                f"PostgreSQL schema version {have} is older than {want}; run `agentdispatch migrate`"
+            )
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- lifecycle --------------------------------------------------------------
+    def submit(self, jobs: Sequence[NewJob], *, max_depth: int) -> list[Accepted]:
+        def op(tx: PostgresTx) -> list[Accepted]:
+            # Admission first: submitters of the same job id see each other.
+            tx.admission_lock()
+            tx.prefetch([j.job_id for j in jobs])
+            tx.reserve_seqs(len(jobs))
+            return engine.submit(tx, jobs, max_depth)
+
+        return self._run(op, durable=True)
+
+    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
+        return self._run(lambda tx: engine.claim(tx, job_id, tenant, owner, ttl_s))
+
+    def renew(self, lease: Lease, ttl_s: float) -> Lease:
+        return self._run(lambda tx: engine.renew(tx, lease, ttl_s), idempotent=True)
+
+    def commit(self, lease: Lease, outcome: Outcome) -> WorkItem:
+        # Idempotent: a repeat of the same fenced commit is a no-op.
+        return self._run(
+            lambda tx: engine.commit(tx, lease, outcome),
+            durable=True,
+            idempotent=True,
+            patience_s=WORKER_PATIENCE_S,
+        )
+
+    def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> WorkItem:
+        return self._run(lambda tx: engine.cancel(tx, job_id, tenant, reason), durable=True, idempotent=True)
+
+    def replay(self, job_id: str, tenant: str | None) -> WorkItem:
+        return self._run(lambda tx: engine.replay(tx, job_id, tenant, self.extra_attempts), durable=True)
+
+    # -- reads ------------------------------------------------------------------
+    def _item(self, conn: Conn, job_id: str, tenant: str | None) -> WorkItem:
+        row = conn.execute(Q["load"], {"id": job_id}).fetchone()
+        if row is None or (tenant is not None and row["tenant"] != tenant):
+            raise JobNotFound(job_id)
+        return item_from_row(row)
+
+    def get(self, job_id: str, tenant: str | None) -> WorkItem:
+        return self.db.read(lambda c: self._item(c, job_id, tenant))
+
+    def list_jobs(self, *, tenant: str | None, status: Status | None, limit: int, offset: int) -> list[WorkItem]:
+        params = {
+            "tenant": tenant,
+            "status": None if status is None else status.value,
+            "limit": limit,
+            "offset": offset,
+        }
+        rows = self.db.read(lambda c: c.execute(Q["list"], params).fetchall())
+        return [item_from_row(r) for r in rows]
+
+    def counts(self, tenant: str | None) -> dict[str, int]:
+        rows = self.db.read(lambda c: c.execute(Q["counts"], {"tenant": tenant}).fetchall())
+        return {r["status"]: int(r["n"]) for r in rows}
+
+    def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
+        def q(conn: Conn) -> dict[str, Any]:
+            item = self._item(conn, job_id, tenant)
+            events = conn.execute(Q["events_of"], {"id": job_id}).fetchall()
+            effects = [effect_from_row(r) for r in conn.execute(Q["effects_of"], {"id": job_id})]
+            return {
+                "job": item.view(),
+                "events": [dict(e) for e in events],
+                "side_effects": [
+                    {"key": e.key, "state": e.state, "epoch": e.epoch, "result": e.result} for e in effects
+                ],
+            }
+
+        return self.db.read(q)
+
+    # -- side effects, poison -------------------------------------------------
+    def effect_begin(self, lease: Lease, key: str, ttl_s: float) -> Effect | None:
+        # Not idempotent: a repeat after an unknown COMMIT would read its own
+        # "intended" mark as an effect in flight. Safe retries only.
+        return self._run(
+            lambda tx: engine.effect_begin(tx, lease, key, ttl_s), durable=True, patience_s=WORKER_PATIENCE_S
+        )
+
+    def effect_end(self, lease: Lease, key: str, *, ok: bool, result: Any) -> None:
+        # The effect happened: recording it must outlast a database restart.
+        self._run(
+            lambda tx: engine.effect_end(tx, lease, key, ok, result),
+            durable=True,
+            idempotent=True,
+            patience_s=WORKER_PATIENCE_S,
+        )
+
+    def record_poison(self, raw: str, reason: str) -> bool:
+        digest = hashlib.sha256(raw.encode()).hexdigest()
+
+        def op(tx: PostgresTx) -> bool:
+            cur = tx.c.execute(Q["record_poison"], (digest, raw[:65536], reason, tx.now()))
+            return cur.rowcount == 1
+
+        return self._run(op, durable=True, idempotent=True, patience_s=WORKER_PATIENCE_S)
+
+    def poison(self, *, limit: int) -> list[dict[str, Any]]:
+        rows = self.db.read(lambda c: c.execute(Q["poison"], {"limit": limit}).fetchall())
+        return [dict(r) for r in rows]
+
+    # -- reconciler, fleet, outbox --------------------------------------------
+    def sweep(self, *, redeliver_after_s: float) -> SweepReport:
+        return self._run(lambda tx: engine.sweep(tx, redeliver_after_s), durable=True, idempotent=True)
+
+    def heartbeat(self, row: WorkerRow) -> None:
+        params = (
+            row.worker_id,
+            row.host,
+            row.capacity,
+            json.dumps(list(row.active_sessions)),
+            row.queue_backend,
+            row.started_at,
+        )
+        self.db.run(lambda c: c.execute(Q["heartbeat"], params), idempotent=True)
+
+    def workers(self, *, max_age_s: float = 90.0) -> list[WorkerRow]:
+        rows = self.db.read(lambda c: c.execute(Q["workers"], {"max_age": max_age_s}).fetchall())
+        return [
+            WorkerRow(
+                worker_id=r["worker_id"],
+                host=r["host"],
+                capacity=int(r["capacity"]),
+                active_sessions=tuple(json.loads(r["active_sessions"])),
+                queue_backend=r["queue_backend"],
+                started_at=float(r["started_at"]),
+                last_heartbeat=float(r["last_heartbeat"]),
+            )
+            for r in rows
+        ]
+
+    def remove_worker(self, worker_id: str) -> None:
+        self.db.run(lambda c: c.execute(Q["remove_worker"], {"id": worker_id}), idempotent=True)
+
+    def token_create(self, token_id: str, token_hash: str, tenant: str, label: str) -> None:
+        def op(tx: PostgresTx) -> None:
+            tx.c.execute(Q["token_create"], (token_id, token_hash, tenant, label, tx.now()))
+
+        self._run(op, durable=True)
+
+    def token_revoke(self, token_id: str) -> bool:
+        def op(tx: PostgresTx) -> bool:
+            return tx.c.execute(Q["token_revoke"], (tx.now(), token_id)).rowcount == 1
+
+        return self._run(op, durable=True)
+
+    def token_lookup(self, token_hash: str) -> str | None:
+        value = self.db.read(lambda c: scalar(c, Q["token_lookup"], {"hash": token_hash}))
+        return None if value is None else str(value)
+
+    def outbox_take(self, limit: int) -> list[tuple[int, Envelope]]:
+        rows = self.db.read(lambda c: c.execute(Q["outbox_take"], {"limit": limit}).fetchall())
+        return [(int(r["id"]), Envelope.from_json(r["envelope"])) for r in rows]
+
+    def outbox_done(self, row_ids: Sequence[int]) -> None:
+        ids = list(row_ids)
+        self.db.run(lambda c: c.execute(Q["outbox_done"], {"ids": ids}), idempotent=True)
+
+    def describe_error(self, exc: BaseException) -> str:
+        """A credential-free description of a database error (for doctor)."""
+        return describe(exc)

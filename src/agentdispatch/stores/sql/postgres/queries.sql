@@ -1,0 +1,184 @@
+-- name: now
+SELECT extract(epoch FROM clock_timestamp())::float8 AS now
+
+-- name: load
+SELECT * FROM work_items WHERE id = %(id)s
+
+-- name: load_lock
+SELECT * FROM work_items WHERE id = %(id)s FOR UPDATE
+
+-- name: load_many
+SELECT * FROM work_items WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE
+
+-- name: next_seqs
+SELECT nextval(pg_get_serial_sequence('work_items', 'seq')) AS seq FROM generate_series(1, %(n)s)
+
+-- name: insert_many
+INSERT INTO work_items (
+    seq, id, tenant, session_id, session_ref, kind, agent_name, payload, priority, status,
+    reason, attempts, max_attempts, dependencies, deadline_unix, created_at, ready_at,
+    updated_at, lease_epoch
+)
+SELECT * FROM unnest(
+    %(seq)s::bigint[], %(id)s::text[], %(tenant)s::text[], %(session_id)s::text[],
+    %(session_ref)s::text[], %(kind)s::text[], %(agent_name)s::text[], %(payload)s::text[],
+    %(priority)s::int[], %(status)s::text[], %(reason)s::text[], %(attempts)s::int[],
+    %(max_attempts)s::int[], %(dependencies)s::text[], %(deadline_unix)s::float8[],
+    %(created_at)s::float8[], %(ready_at)s::float8[], %(updated_at)s::float8[], %(lease_epoch)s::bigint[]
+)
+
+-- name: save
+UPDATE work_items SET
+    status = %(status)s, reason = %(reason)s, attempts = %(attempts)s, max_attempts = %(max_attempts)s,
+    ready_at = %(ready_at)s, updated_at = %(updated_at)s, completed_at = %(completed_at)s,
+    lease_owner = %(lease_owner)s, lease_epoch = %(lease_epoch)s, lease_token = %(lease_token)s,
+    lease_expires_at = %(lease_expires_at)s, result = %(result)s, error = %(error)s
+WHERE id = %(id)s
+
+-- name: event_many
+INSERT INTO work_events (job_id, at, event, status, attempt, epoch, detail)
+SELECT * FROM unnest(
+    %(job_id)s::text[], %(at)s::float8[], %(event)s::text[], %(status)s::text[],
+    %(attempt)s::int[], %(epoch)s::bigint[], %(detail)s::text[]
+)
+
+-- name: enqueue_many
+INSERT INTO agent_dispatch_queue (
+    job_id, item_seq, session_ref, tenant_ref, group_ref, priority, deadline_unix, envelope,
+    enqueued_at, visible_at
+)
+SELECT * FROM unnest(
+    %(job_id)s::text[], %(item_seq)s::bigint[], %(session_ref)s::text[], %(tenant_ref)s::text[],
+    %(group_ref)s::text[], %(priority)s::int[], %(deadline_unix)s::float8[], %(envelope)s::text[],
+    %(enqueued_at)s::float8[], %(visible_at)s::float8[]
+)
+
+-- name: has_envelope
+SELECT 1 AS one FROM agent_dispatch_queue WHERE job_id = %(id)s LIMIT 1
+
+-- name: add_dependency
+INSERT INTO work_dependencies (depends_on, job_id) VALUES (%s, %s) ON CONFLICT DO NOTHING
+
+-- name: dependants
+SELECT job_id FROM work_dependencies WHERE depends_on = %(id)s ORDER BY job_id
+
+-- name: admission_lock
+-- Serializes compare-and-admit (count + insert) across every connection; held
+-- to the end of the transaction, never across a turn.
+SELECT pg_advisory_xact_lock(hashtextextended('agentdispatch.admission:' || current_schema(), 0))
+
+-- name: active_count
+SELECT coalesce(sum(n), 0)::bigint AS n FROM dispatch_depth
+
+-- name: session_lock
+-- Fleet-wide per-session exclusion inside the claim transaction only.
+SELECT pg_advisory_xact_lock(hashtextextended('agentdispatch.session:' || %(session_ref)s, 0))
+
+-- name: session_blocker
+SELECT status, lease_expires_at, ready_at FROM work_items
+WHERE session_ref = %(session_ref)s
+  AND status IN ('submitted', 'ready', 'leased', 'running')
+  AND id <> %(id)s
+  AND (seq < %(seq)s OR status IN ('leased', 'running'))
+LIMIT 1
+
+-- name: effect_get
+SELECT * FROM side_effects WHERE tenant = %(tenant)s AND key = %(key)s
+
+-- name: effect_put
+INSERT INTO side_effects (tenant, key, job_id, state, epoch, result, created_at, updated_at)
+VALUES (%(tenant)s, %(key)s, %(job_id)s, %(state)s, %(epoch)s, %(result)s, %(now)s, %(now)s)
+ON CONFLICT (tenant, key) DO UPDATE SET
+    state = excluded.state, epoch = excluded.epoch, result = excluded.result,
+    updated_at = excluded.updated_at
+
+-- name: effects_of
+SELECT * FROM side_effects WHERE job_id = %(id)s ORDER BY created_at, key
+
+-- name: expired_leases
+SELECT * FROM work_items
+WHERE status IN ('leased', 'running') AND lease_expires_at <= %(now)s
+ORDER BY lease_expires_at LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: expired_deadlines
+SELECT * FROM work_items
+WHERE deadline_unix IS NOT NULL AND deadline_unix <= %(now)s
+  AND status IN ('submitted', 'ready', 'leased', 'running')
+ORDER BY deadline_unix LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: stranded
+SELECT w.* FROM work_items w
+WHERE w.status = 'ready' AND w.ready_at <= %(now)s
+  AND NOT EXISTS (SELECT 1 FROM agent_dispatch_queue q WHERE q.job_id = w.id)
+  AND w.updated_at <= %(now)s - %(grace)s
+LIMIT %(limit)s
+FOR UPDATE OF w SKIP LOCKED
+
+-- name: drop_dead_rows
+DELETE FROM agent_dispatch_queue
+WHERE id IN (
+    SELECT q.id FROM agent_dispatch_queue q JOIN work_items w ON w.id = q.job_id
+    WHERE q.claimed_by IS NULL
+      AND w.status IN ('succeeded', 'failed', 'cancelled', 'dead_letter')
+    ORDER BY q.id
+    LIMIT 500
+    FOR UPDATE OF q SKIP LOCKED
+)
+
+-- name: list
+SELECT * FROM work_items
+WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s) AND (%(status)s::text IS NULL OR status = %(status)s)
+ORDER BY seq DESC LIMIT %(limit)s OFFSET %(offset)s
+
+-- name: counts
+SELECT status, count(*) AS n FROM work_items
+WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s) GROUP BY status
+
+-- name: events_of
+SELECT at, event, status, attempt, epoch, detail FROM work_events WHERE job_id = %(id)s ORDER BY id
+
+-- name: record_poison
+INSERT INTO poison_envelopes (digest, raw, reason, created_at) VALUES (%s, %s, %s, %s)
+ON CONFLICT DO NOTHING
+
+-- name: poison
+SELECT digest, raw, reason, created_at FROM poison_envelopes ORDER BY created_at DESC LIMIT %(limit)s
+
+-- name: heartbeat
+INSERT INTO dispatch_workers (
+    worker_id, host, capacity, active_sessions, queue_backend, started_at, last_heartbeat
+) VALUES (%s, %s, %s, %s, %s, %s, extract(epoch FROM clock_timestamp())::float8)
+ON CONFLICT (worker_id) DO UPDATE SET
+    capacity = excluded.capacity, active_sessions = excluded.active_sessions,
+    last_heartbeat = excluded.last_heartbeat
+
+-- name: workers
+SELECT * FROM dispatch_workers
+WHERE last_heartbeat >= extract(epoch FROM clock_timestamp())::float8 - %(max_age)s
+ORDER BY started_at, worker_id
+
+-- name: remove_worker
+DELETE FROM dispatch_workers WHERE worker_id = %(id)s
+
+-- name: outbox_take
+SELECT id, envelope FROM agent_dispatch_queue ORDER BY id LIMIT %(limit)s
+
+-- name: outbox_done
+DELETE FROM agent_dispatch_queue WHERE id = ANY(%(ids)s::bigint[])
+
+-- name: token_create
+INSERT INTO api_tokens (token_id, token_hash, tenant, label, created_at) VALUES (%s, %s, %s, %s, %s)
+
+-- name: token_revoke
+UPDATE api_tokens SET revoked_at = %s WHERE token_id = %s AND revoked_at IS NULL
+
+-- name: token_lookup
+SELECT tenant FROM api_tokens WHERE token_hash = %(hash)s AND revoked_at IS NULL
+
+-- name: meta_get
+SELECT value FROM dispatch_meta WHERE key = %(key)s
+
+-- name: migrate_lock
+SELECT pg_advisory_xact_lock(hashtextextended('agentdispatch.migrate:' || current_schema(), 0))

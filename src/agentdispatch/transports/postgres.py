@@ -1,0 +1,225 @@
+"""The PostgreSQL transport: the store's ``agent_dispatch_queue`` table,
+claimed with ``FOR UPDATE SKIP LOCKED`` in fair order (one statement).
+
+Idle workers are woken by ``LISTEN``/``NOTIFY`` on one dedicated connection
+per process; notifications are a hint only (they are lost behind PgBouncer in
+transaction mode or when the listener dies), so waiting workers also poll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from ..errors import DepthUnavailable, TaskQueueUnavailable
+from ..sqlfiles import queries
+from ..stores.pg_db import Conn, PgDb, describe
+from .base import Delivery, Receipt
+
+if TYPE_CHECKING:
+    from ..stores.base import Store
+
+Q = queries("agentdispatch.transports.sql", "postgres.sql")
+CHANNEL = "agent_dispatch_queue"
+log = logging.getLogger("agentdispatch.transports.postgres")
+
+
+class _Wakeup:
+    """A generation counter: waiters return when it moves or on timeout."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._gen = 0
+
+    def generation(self) -> int:
+        with self._cond:
+            return self._gen
+
+    def bump(self) -> None:
+        with self._cond:
+            self._gen += 1
+            self._cond.notify_all()
+
+    def wait(self, seen: int, timeout: float) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._gen != seen, timeout=timeout)
+
+
+class _Listener:
+    """LISTEN on a dedicated connection; reconnects with backoff on failure.
+    ``healthy`` tells waiters how often they must poll."""
+
+    def __init__(self, uri: str, wake: _Wakeup) -> None:
+        self.uri = uri
+        self.wake = wake
+        self.healthy = False
+        self._stop = threading.Event()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._thread = threading.Thread(target=self._run, name="pg-listen", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        conn = self._conn
+        if conn is not None:
+            with contextlib.suppress(psycopg.Error, OSError):
+                conn.cancel_safe(timeout=1.0)
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        backoff = 0.1
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(
+                    self.uri,
+                    autocommit=True,
+                    keepalives=1,
+                    keepalives_idle=10,
+                    keepalives_interval=5,
+                    keepalives_count=3,
+                ) as conn:
+                    self._conn = conn
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    listening = conn.execute("SELECT count(*) FROM pg_listening_channels()").fetchone()
+                    # Behind a transaction-mode pooler LISTEN is a no-op: poll instead.
+                    self.healthy = bool(listening and listening[0])
+                    if not self.healthy:
+                        log.warning("LISTEN is not effective on this connection; polling only")
+                    self.wake.bump()  # anything enqueued while we were away
+                    backoff = 0.1
+                    last_probe = time.monotonic()
+                    while not self._stop.is_set():
+                        for _ in conn.notifies(timeout=1.0, stop_after=1):
+                            self.wake.bump()
+                        if time.monotonic() - last_probe > 15.0:
+                            # A half-open connection delivers nothing: probe it.
+                            conn.execute("SELECT 1")
+                            last_probe = time.monotonic()
+            except (psycopg.Error, OSError) as exc:
+                if self._stop.is_set():
+                    break
+                log.warning("queue listener lost (%s); polling until it reconnects", describe(exc))
+            finally:
+                self._conn = None
+                self.healthy = False
+            self._stop.wait(backoff)
+            backoff = min(5.0, backoff * 2)
+
+
+class PostgresTransport:
+    """Envelopes in the PostgreSQL store's ``agent_dispatch_queue`` table."""
+
+    name = "postgres"
+    redeliver_after_s = 1.0
+
+    def __init__(
+        self, store: Store, *, poll_s: float = 0.25, fallback_poll_s: float = 0.05, listen: bool = True
+    ) -> None:
+        db = getattr(store, "db", None)
+        if not isinstance(db, PgDb):
+            raise TaskQueueUnavailable("TASK_QUEUE_BACKEND=postgres needs STATE_DB_URI=postgresql://...")
+        self.db = db
+        self.poll_s = poll_s
+        self.fallback_poll_s = fallback_poll_s
+        self._wake = _Wakeup()
+        self._listener: _Listener | None = None
+        self._listen = listen
+        self._lock = threading.Lock()
+
+    def _ensure_listener(self) -> _Listener | None:
+        if not self._listen:
+            return None
+        with self._lock:
+            if self._listener is None:
+                self._listener = _Listener(self.db.uri, self._wake)
+                self._listener.start()
+            return self._listener
+
+    def ping(self) -> None:
+        try:
+            self.db.read(lambda c: c.execute(Q["probe"]).fetchall())
+        except TaskQueueUnavailable:
+            raise TaskQueueUnavailable(
+                "the PostgreSQL queue table is unreachable or missing; "
+                "check STATE_DB_URI and run `agentdispatch migrate`"
+            ) from None
+
+    def admit(self, n: int, max_depth: int) -> None:
+        """Admission happens inside the store's submit transaction."""
+
+    def relay(self, store: Store) -> int:
+        """The store writes this table directly: nothing to relay."""
+        return 0
+
+    def _get_once(self, owner: str, visibility_s: float) -> Delivery | None:
+        params = {"owner": owner, "vis": visibility_s}
+
+        def claim(conn: Conn) -> dict[str, Any] | None:
+            return conn.execute(Q["get"], params).fetchone()
+
+        # One statement in autocommit: one round trip. Retrying after a lost
+        # connection is safe: a claim that did commit only delays that row.
+        row = self.db.run(claim, single=True, idempotent=True)
+        if row is None:
+            return None
+        return Delivery(
+            raw=row["envelope"],
+            receipt=Receipt(owner=owner, claimed_at=float(row["claimed_at"]), ref=int(row["id"])),
+            deliveries=int(row["deliveries"]),
+        )
+
+    def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
+        listener = self._ensure_listener()
+        deadline = time.monotonic() + wait_s
+        while True:
+            seen = self._wake.generation()
+            got = self._get_once(owner, visibility_s)
+            left = deadline - time.monotonic()
+            if got is not None or left <= 0:
+                return got
+            poll = self.poll_s if listener is not None and listener.healthy else self.fallback_poll_s
+            self._wake.wait(seen, min(poll, left))
+
+    def _receipt(self, delivery: Delivery) -> dict[str, Any]:
+        r = delivery.receipt
+        return {"id": r.ref, "owner": r.owner, "claimed_at": r.claimed_at}
+
+    def ack(self, delivery: Delivery) -> bool:
+        params = self._receipt(delivery)
+
+        def op(conn: Conn) -> bool:
+            return conn.execute(Q["ack"], params).rowcount == 1
+
+        # A lost ack is only a redelivery (the store then answers "skipped").
+        return self.db.run(op, single=True, idempotent=True, patience_s=5.0)
+
+    def release(self, delivery: Delivery, delay_s: float) -> None:
+        params = {**self._receipt(delivery), "delay": max(0.0, delay_s)}
+        self.db.run(lambda c: c.execute(Q["release"], params), single=True, idempotent=True)
+
+    def atomic(self, durable: bool) -> AbstractContextManager[Any]:
+        """Store and queue share this database: one transaction for both."""
+        return self.db.atomic(durable)
+
+    def depth(self) -> int:
+        try:
+            row = self.db.read(lambda c: c.execute(Q["depth"]).fetchone())
+        except TaskQueueUnavailable as exc:
+            raise DepthUnavailable(f"queue depth unavailable ({exc})") from None
+        if row is None:
+            raise DepthUnavailable("queue depth unavailable (no answer)")
+        return int(row["n"])
+
+    def close(self) -> None:
+        with self._lock:
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.stop()

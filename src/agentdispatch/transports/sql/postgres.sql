@@ -1,0 +1,72 @@
+-- name: get
+-- One statement, one round trip. Expired deadlines first (the worker cancels
+-- them promptly); then priority, least-recently-served tenant, least-recently-
+-- served group (the session), deadline, enqueue order. Only the head row of a
+-- session is eligible, so one session's turns are handed out one at a time, in
+-- order. Every step is an index scan over a small fairness table or the queue.
+WITH clock AS MATERIALIZED (
+    SELECT extract(epoch FROM clock_timestamp())::float8 AS now
+), pick AS MATERIALIZED (
+    SELECT coalesce(
+        (SELECT e.id FROM agent_dispatch_queue e
+         WHERE e.deadline_unix IS NOT NULL AND e.deadline_unix <= (SELECT now FROM clock)
+           AND e.visible_at <= (SELECT now FROM clock)
+         ORDER BY e.deadline_unix
+         LIMIT 1 FOR UPDATE OF e SKIP LOCKED),
+        (SELECT h.id FROM dispatch_fair_tenants t
+         CROSS JOIN LATERAL (
+             SELECT q.id FROM dispatch_fair_groups g
+             CROSS JOIN LATERAL (
+                 SELECT q.id, q.visible_at, q.session_ref, q.item_seq FROM agent_dispatch_queue q
+                 WHERE q.group_ref = g.group_ref AND q.priority = g.priority
+                 ORDER BY q.item_seq, q.id
+                 LIMIT 1 FOR UPDATE OF q SKIP LOCKED
+             ) q
+             WHERE g.tenant_ref = t.tenant_ref AND g.priority = t.priority
+               AND q.visible_at <= (SELECT now FROM clock)
+               AND NOT EXISTS (
+                   SELECT 1 FROM agent_dispatch_queue p
+                   WHERE p.session_ref = q.session_ref AND (p.item_seq, p.id) < (q.item_seq, q.id)
+               )
+             ORDER BY g.last_served, g.deadline_key, g.since
+             LIMIT 1
+         ) h
+         ORDER BY t.priority DESC, t.last_served, t.since
+         LIMIT 1)
+    ) AS id
+), claimed AS (
+    UPDATE agent_dispatch_queue q
+    SET claimed_by = %(owner)s, claimed_at = clock.now, visible_at = clock.now + %(vis)s,
+        deliveries = q.deliveries + 1
+    FROM pick, clock
+    WHERE q.id = pick.id
+    RETURNING q.id, q.envelope, q.deliveries, q.claimed_at, q.priority, q.group_ref, q.tenant_ref
+), served AS (
+    UPDATE dispatch_fair_groups g SET last_served = nextval('dispatch_served_seq')
+    FROM claimed c
+    WHERE g.priority = c.priority AND g.group_ref = c.group_ref
+    RETURNING g.priority, g.tenant_ref, g.last_served
+), served_tenant AS (
+    -- Reads ``served`` so the group row is locked before the tenant row, the
+    -- order every other writer uses.
+    UPDATE dispatch_fair_tenants t SET last_served = s.last_served
+    FROM served s
+    WHERE t.priority = s.priority AND t.tenant_ref = s.tenant_ref
+)
+SELECT id, envelope, deliveries, claimed_at FROM claimed
+
+-- name: ack
+DELETE FROM agent_dispatch_queue
+WHERE id = %(id)s AND claimed_by = %(owner)s AND claimed_at = %(claimed_at)s
+
+-- name: release
+UPDATE agent_dispatch_queue
+SET visible_at = extract(epoch FROM clock_timestamp())::float8 + %(delay)s, claimed_by = NULL, claimed_at = NULL
+WHERE id = %(id)s AND claimed_by = %(owner)s AND claimed_at = %(claimed_at)s
+
+-- name: depth
+SELECT count(*) AS n FROM agent_dispatch_queue
+WHERE claimed_by IS NULL OR visible_at <= extract(epoch FROM clock_timestamp())::float8
+
+-- name: probe
+SELECT 1 AS ok FROM agent_dispatch_queue WHERE false
