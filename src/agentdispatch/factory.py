@@ -46,9 +46,15 @@ def open_transport(settings: Settings, store: Store) -> Transport:
             raise TaskQueueUnavailable(
                 "TASK_QUEUE_BACKEND=sqlite needs the SQLite store; unset STATE_DB_URI or choose postgres"
             )
+        from .stores.sqlite import SqliteStore
         from .transports.sqlite import SqliteTransport
 
-        return SqliteTransport(settings.sqlite_path)
+        # One SqliteDb per process and file: store and transport share its
+        # connections and its writer mutex.
+        db = store.db if isinstance(store, SqliteStore) else None
+        if db is None:
+            raise TaskQueueUnavailable("TASK_QUEUE_BACKEND=sqlite needs the SQLite store")
+        return SqliteTransport(db)
     if backend is Backend.POSTGRES:
         if store.name != "postgres":
             raise TaskQueueUnavailable("TASK_QUEUE_BACKEND=postgres needs STATE_DB_URI=postgresql://...")

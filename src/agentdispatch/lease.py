@@ -4,10 +4,11 @@ every side effect, and refuses once the lease is lost."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import AgentDispatchError, LeaseLost
+from .errors import AgentDispatchError, EffectUnknown, LeaseLost
 from .policy import renew_every
 from .workitem import Lease
 
@@ -20,8 +21,17 @@ T = TypeVar("T")
 class LeaseGuard:
     """Keeps one lease alive and fences every side effect."""
 
-    def __init__(self, store: Store, lease: Lease, *, ttl_s: float, renew_interval_s: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        lease: Lease,
+        *,
+        ttl_s: float,
+        renew_interval_s: float,
+        renewer: Renewer | None = None,
+    ) -> None:
         self.store = store
+        self.renewer = renewer
         self.lease = lease
         self.ttl_s = ttl_s
         self.every = renew_every(ttl_s, renew_interval_s)
@@ -41,25 +51,35 @@ class LeaseGuard:
         return self._lost is not None
 
     def start(self) -> LeaseGuard:
-        """Start the background renew thread."""
-        self._thread = threading.Thread(target=self._loop, name=f"renew-{self.job_id}", daemon=True)
-        self._thread.start()
+        """Start renewing in the background (the worker's shared renewer, or a
+        thread of its own)."""
+        if self.renewer is not None:
+            self.renewer.add(self)
+        else:
+            self._thread = threading.Thread(target=self._loop, name=f"renew-{self.job_id}", daemon=True)
+            self._thread.start()
         return self
 
     def stop(self) -> None:
         """Stop renewing (before the commit)."""
         self._stop.set()
+        if self.renewer is not None:
+            self.renewer.remove(self)
         if self._thread is not None:
             self._thread.join(timeout=5)
 
+    def tick(self) -> None:
+        """One background renewal; store hiccups are retried next tick."""
+        if self._stop.is_set() or self._lost is not None:
+            return
+        try:
+            self.renew()
+        except AgentDispatchError:
+            pass  # LeaseLost is remembered by renew(); anything else: next tick
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.every):
-            try:
-                self.renew()
-            except LeaseLost:
-                return
-            except AgentDispatchError:
-                continue  # store hiccup: try again next tick, the TTL gives slack
+        while not self._stop.wait(self.every) and self._lost is None:
+            self.tick()
 
     def renew(self) -> None:
         """Renew now; raises :class:`LeaseLost` when fenced."""
@@ -86,6 +106,11 @@ class LeaseGuard:
             except LeaseLost as exc:
                 self._lost = str(exc)
                 raise
+            if done is not None and done.state == "unknown":
+                raise EffectUnknown(
+                    f"side effect {key!r} was started by attempt epoch {done.epoch} and never "
+                    "confirmed; inspect it, then replay the job from the dead-letter queue"
+                )
             if done is not None:
                 return done.result  # type: ignore[no-any-return]
             try:
@@ -105,3 +130,49 @@ def _jsonable(value: Any) -> Any:
     except (TypeError, ValueError):
         return repr(value)
     return value
+
+
+class Renewer:
+    """One thread that renews every active guard of a worker on schedule
+    (instead of a thread per turn)."""
+
+    def __init__(self) -> None:
+        self._due: dict[LeaseGuard, float] = {}
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="renewer", daemon=True)
+        self._thread.start()
+
+    def add(self, guard: LeaseGuard) -> None:
+        """Renew ``guard`` every ``guard.every`` seconds from now."""
+        with self._cv:
+            self._due[guard] = time.monotonic() + guard.every
+            self._cv.notify()
+
+    def remove(self, guard: LeaseGuard) -> None:
+        """Stop renewing ``guard``."""
+        with self._cv:
+            self._due.pop(guard, None)
+
+    def close(self) -> None:
+        """Stop the thread."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                due = [g for g, at in self._due.items() if at <= now]
+                for g in due:
+                    self._due[g] = now + g.every
+                if not due:
+                    nxt = min(self._due.values(), default=now + 1.0)
+                    self._cv.wait(max(0.0, nxt - now))
+                    continue
+            for g in due:
+                g.tick()

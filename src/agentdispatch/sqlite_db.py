@@ -26,6 +26,9 @@ class SqliteDb:
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        # Threads of one process queue on this mutex rather than on SQLite's
+        # busy handler, which sleeps in steps of milliseconds.
+        self._writer = threading.Lock()
 
     def _open(self, durable: bool) -> sqlite3.Connection:
         try:
@@ -59,22 +62,46 @@ class SqliteDb:
             setattr(self._local, attr, conn)
         return conn
 
+    def joined(self) -> bool:
+        """Whether this thread is inside :meth:`atomic`."""
+        return getattr(self._local, "current", None) is not None
+
+    @contextmanager
+    def atomic(self, durable: bool) -> Iterator[sqlite3.Connection]:
+        """One transaction that every :meth:`tx` of this thread joins until it
+        ends (so a claim and its delivery, or a commit and its ack, are one
+        write). Its durability is the outer one."""
+        if self.joined():
+            yield self._local.current
+            return
+        with self.tx(durable) as conn:
+            self._local.current = conn
+            try:
+                yield conn
+            finally:
+                self._local.current = None
+
     @contextmanager
     def tx(self, durable: bool = False) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` write transaction."""
+        """One ``BEGIN IMMEDIATE`` write transaction (or the open :meth:`atomic`)."""
+        current: sqlite3.Connection | None = getattr(self._local, "current", None)
+        if current is not None:
+            yield current
+            return
         conn = self.conn(durable)
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            raise TaskQueueUnavailable(f"SQLite queue unavailable ({exc})") from None
-        try:
-            yield conn
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        else:
-            conn.execute("COMMIT")
+        with self._writer:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise TaskQueueUnavailable(f"SQLite queue unavailable ({exc})") from None
+            try:
+                yield conn
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            else:
+                conn.execute("COMMIT")
 
     def now(self) -> float:
         """Database time (the host clock, as SQLite reads it)."""

@@ -21,12 +21,12 @@ from .errors import (
 )
 from .fleet import host_label, new_worker_id
 from .handlers import Registry, Turn, run_handler
-from .lease import LeaseGuard, _jsonable
+from .lease import LeaseGuard, Renewer, _jsonable
 from .metrics import Metrics
 from .policy import Backpressure
 from .reconciler import Reconciler
 from .settings import Settings
-from .stores.base import ClaimKind, Store, WorkerRow
+from .stores.base import Claim, ClaimKind, Store, WorkerRow
 from .transports.base import Delivery, Transport
 from .workitem import Outcome, Status, WorkItem
 
@@ -77,6 +77,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._started_at = time.time()
         self.backpressure = Backpressure()
+        self.renewer = Renewer()
 
     # -- lifecycle ----------------------------------------------------------
     def preflight(self) -> None:
@@ -109,6 +110,7 @@ class Worker:
         clean = not any(t.is_alive() for t in self._threads)
         if self._reconciler is not None:
             self._reconciler.stop()
+        self.renewer.close()
         with contextlib.suppress(AgentDispatchError):
             self.store.remove_worker(self.worker_id)
         return clean
@@ -161,11 +163,7 @@ class Worker:
                 if delay and self.stopping.wait(delay):
                     break
                 try:
-                    delivery = self.transport.get(
-                        owner, visibility_s=self.settings.claim_ttl_s, wait_s=self.options.get_wait_s
-                    )
-                    if delivery is not None:
-                        self.process(delivery, owner=owner, index=index, loop=loop)
+                    self.poll(owner, index, loop)
                 except TaskQueueUnavailable as exc:
                     log.warning("queue unavailable: %s", exc)
                     self.stopping.wait(1.0)
@@ -182,8 +180,29 @@ class Worker:
         self.transport.ack(delivery)
         self._count("poison")
 
+    def poll(self, owner: str, index: int, loop: asyncio.AbstractEventLoop) -> str | None:
+        """One claim attempt; returns the outcome label, or None when idle.
+
+        On a shared database the delivery and the claim are one transaction."""
+        ttl = self.settings.claim_ttl_s
+        with self.transport.atomic(durable=False):
+            delivery = self.transport.get(owner, visibility_s=ttl, wait_s=0.0)
+            step = None if delivery is None else self._admit(delivery, owner)
+        if delivery is None:
+            delivery = self.transport.get(owner, visibility_s=ttl, wait_s=self.options.get_wait_s)
+            if delivery is None:
+                return None
+            step = self._admit(delivery, owner)
+        assert step is not None
+        return step if isinstance(step, str) else self._execute(delivery, step, env_index=index, loop=loop)
+
     def process(self, delivery: Delivery, *, owner: str, index: int, loop: asyncio.AbstractEventLoop) -> str:
         """Handle one delivery end to end; returns the outcome label."""
+        step = self._admit(delivery, owner)
+        return step if isinstance(step, str) else self._execute(delivery, step, env_index=index, loop=loop)
+
+    def _admit(self, delivery: Delivery, owner: str) -> str | tuple[Envelope, Claim]:
+        """Validate and claim; every outcome but a claim is settled here."""
         if delivery.deliveries > 1:
             self.metrics.redeliveries.inc()
         try:
@@ -204,22 +223,32 @@ class Worker:
             label = {ClaimKind.EXPIRED: "expired"}.get(claim.kind, "skipped")
             self._count(label)
             return label
+        return env, claim
+
+    def _execute(
+        self, delivery: Delivery, step: tuple[Envelope, Claim], *, env_index: int, loop: asyncio.AbstractEventLoop
+    ) -> str:
+        env, claim = step
         assert claim.item is not None and claim.lease is not None
         item = claim.item
         self.metrics.time_in_queue.observe(max(0.0, time.time() - env.enqueued_at))
         self.metrics.attempts.observe(item.attempt)
         with self._lock:
-            self._state.active[index] = item.session_id
+            self._state.active[env_index] = item.session_id
         self._beat()
         try:
             return self._run(delivery, item, claim.lease, loop)
         finally:
             with self._lock:
-                self._state.active.pop(index, None)
+                self._state.active.pop(env_index, None)
 
     def _run(self, delivery: Delivery, item: WorkItem, lease: Any, loop: asyncio.AbstractEventLoop) -> str:
         guard = LeaseGuard(
-            self.store, lease, ttl_s=self.settings.claim_ttl_s, renew_interval_s=self.settings.renew_interval_s
+            self.store,
+            lease,
+            ttl_s=self.settings.claim_ttl_s,
+            renew_interval_s=self.settings.renew_interval_s,
+            renewer=self.renewer,
         ).start()
         started = time.monotonic()
         outcome = self._call(item, guard, loop)
@@ -228,10 +257,13 @@ class Worker:
         if outcome is None or guard.lost:
             return self._fenced(delivery)
         try:
-            done = self.store.commit(guard.lease, outcome)
+            # The fenced commit and the acknowledgement: one transaction on a
+            # shared database, else commit first, then ack.
+            with self.transport.atomic(durable=True):
+                done = self.store.commit(guard.lease, outcome)
+                self.transport.ack(delivery)
         except LeaseLost:
             return self._fenced(delivery)
-        self.transport.ack(delivery)
         label = {
             Status.SUCCEEDED: "completed",
             Status.READY: "retried",

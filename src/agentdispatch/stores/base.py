@@ -158,9 +158,10 @@ class Store(Protocol):
 
     def effect_begin(self, lease: Lease, key: str, ttl_s: float) -> Effect | None:
         """Renew the lease and mark ``key`` intended, in one fenced transaction.
-        Returns the committed record when the effect already ran (do not run it
-        again), ``None`` when the caller should run it now. Raises
-        :class:`LeaseLost` or :class:`EffectUnknown`."""
+        Returns ``None`` when the caller should run it now, else the existing
+        record: ``committed`` (return its result) or ``unknown`` (an earlier
+        attempt started it and never confirmed: raise :class:`EffectUnknown`).
+        Raises :class:`LeaseLost` when fenced. Never raises after writing."""
 
     def effect_end(self, lease: Lease, key: str, *, ok: bool, result: Any) -> None:
         """Record the effect as committed (``ok``) or failed."""

@@ -287,7 +287,9 @@ def replay(tx: Tx, job_id: str, tenant: str | None, extra_attempts: int) -> Work
 
 
 def effect_begin(tx: Tx, lease: Lease, key: str, ttl_s: float) -> Effect | None:
-    """Renew + fence + mark intended, or return the committed record."""
+    """Renew + fence + mark intended (returns None: run it), or return the
+    committed record (do not run it) or the ``unknown`` record (do not run it:
+    the caller raises :class:`EffectUnknown`). Nothing raises after a write."""
     now = tx.now()
     item = tx.load(lease.job_id)
     if item is None:
@@ -299,11 +301,10 @@ def effect_begin(tx: Tx, lease: Lease, key: str, ttl_s: float) -> Effect | None:
     if eff is not None and eff.state in ("intended", "unknown"):
         if eff.state == "intended" and eff.epoch == lease.epoch:
             raise EffectUnknown(f"side effect {key!r} is already in flight in this attempt")
-        tx.effect_put(lease.tenant, Effect(key, eff.job_id, "unknown", eff.epoch), now)
-        raise EffectUnknown(
-            f"side effect {key!r} was started by attempt epoch {eff.epoch} and never "
-            "confirmed; inspect it, then replay the job from the dead-letter queue"
-        )
+        # Record the doubt (no raise after a write: the caller raises).
+        unknown = Effect(key, eff.job_id, "unknown", eff.epoch)
+        tx.effect_put(lease.tenant, unknown, now)
+        return unknown
     tx.effect_put(lease.tenant, Effect(key, lease.job_id, "intended", lease.epoch), now)
     return None
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..envelope import Envelope
 from ..errors import TaskQueueUnavailable
+from ..groupcommit import GroupCommit, savepoint_factory
 from ..policy import opaque_ref
 from ..sqlfiles import migrations, queries
 from ..sqlite_db import SqliteDb
@@ -162,10 +163,16 @@ class SqliteStore:
 
     name = "sqlite"
 
-    def __init__(self, path: Path, *, extra_attempts: int = 5) -> None:
-        self.db = SqliteDb(path)
+    def __init__(self, path: Path | SqliteDb, *, extra_attempts: int = 5) -> None:
+        self.db = path if isinstance(path, SqliteDb) else SqliteDb(path)
         self.extra_attempts = extra_attempts
         self._ref_key: bytes | None = None
+        # Durable writes of concurrent threads share one transaction and fsync.
+        self.group = GroupCommit(
+            lambda: self._tx(durable=True),
+            savepoint_factory(lambda tx, sql: tx.c.execute(sql)),
+            joined=self.db.joined,
+        )
 
     # -- plumbing -----------------------------------------------------------
     @contextmanager
@@ -228,8 +235,7 @@ class SqliteStore:
 
     # -- lifecycle ----------------------------------------------------------
     def submit(self, jobs: Sequence[NewJob], *, max_depth: int) -> list[Accepted]:
-        with self._tx(durable=True) as tx:
-            return engine.submit(tx, jobs, max_depth)
+        return self.group.run(lambda tx: engine.submit(tx, jobs, max_depth))
 
     def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
         with self._tx() as tx:
@@ -240,16 +246,13 @@ class SqliteStore:
             return engine.renew(tx, lease, ttl_s)
 
     def commit(self, lease: Lease, outcome: Outcome) -> WorkItem:
-        with self._tx(durable=True) as tx:
-            return engine.commit(tx, lease, outcome)
+        return self.group.run(lambda tx: engine.commit(tx, lease, outcome))
 
     def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> WorkItem:
-        with self._tx(durable=True) as tx:
-            return engine.cancel(tx, job_id, tenant, reason)
+        return self.group.run(lambda tx: engine.cancel(tx, job_id, tenant, reason))
 
     def replay(self, job_id: str, tenant: str | None) -> WorkItem:
-        with self._tx(durable=True) as tx:
-            return engine.replay(tx, job_id, tenant, self.extra_attempts)
+        return self.group.run(lambda tx: engine.replay(tx, job_id, tenant, self.extra_attempts))
 
     # -- reads --------------------------------------------------------------
     def get(self, job_id: str, tenant: str | None) -> WorkItem:
@@ -288,12 +291,10 @@ class SqliteStore:
 
     # -- side effects, poison ----------------------------------------------
     def effect_begin(self, lease: Lease, key: str, ttl_s: float) -> Effect | None:
-        with self._tx(durable=True) as tx:
-            return engine.effect_begin(tx, lease, key, ttl_s)
+        return self.group.run(lambda tx: engine.effect_begin(tx, lease, key, ttl_s))
 
     def effect_end(self, lease: Lease, key: str, *, ok: bool, result: Any) -> None:
-        with self._tx(durable=True) as tx:
-            engine.effect_end(tx, lease, key, ok, result)
+        self.group.run(lambda tx: engine.effect_end(tx, lease, key, ok, result))
 
     def record_poison(self, raw: str, reason: str) -> bool:
         digest = hashlib.sha256(raw.encode()).hexdigest()
@@ -306,8 +307,7 @@ class SqliteStore:
 
     # -- reconciler, fleet, outbox -----------------------------------------
     def sweep(self, *, redeliver_after_s: float) -> SweepReport:
-        with self._tx(durable=True) as tx:
-            return engine.sweep(tx, redeliver_after_s)
+        return self.group.run(lambda tx: engine.sweep(tx, redeliver_after_s))
 
     def heartbeat(self, row: WorkerRow) -> None:
         with self._tx() as tx:
@@ -365,10 +365,7 @@ class SqliteStore:
 
 
 def _statements(sql: str) -> list[str]:
-    """Split a migration into statements (no ``;`` inside our literals)."""
-    out = []
-    for chunk in sql.split(";"):
-        code = "\n".join(ln for ln in chunk.splitlines() if not ln.strip().startswith("--"))
-        if code.strip():
-            out.append(code.strip())
-    return out
+    """Split a migration into statements: comment lines go first, then split on
+    ``;`` (our DDL has no ``;`` inside literals)."""
+    code = "\n".join(ln for ln in sql.splitlines() if not ln.strip().startswith("--"))
+    return [part.strip() for part in code.split(";") if part.strip()]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -57,6 +58,11 @@ class Transport(Protocol):
 
     def release(self, delivery: Delivery, delay_s: float) -> None:
         """Give a delivery back, visible again after ``delay_s``."""
+
+    def atomic(self, durable: bool) -> AbstractContextManager[Any]:
+        """Group this thread's transport and store writes into one transaction
+        when both live in the same database (a claim with its delivery, a commit
+        with its ack); a no-op context otherwise."""
 
     def depth(self) -> int:
         """Unclaimed envelopes; raise :class:`DepthUnavailable` when unknown."""

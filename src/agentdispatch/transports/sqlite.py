@@ -6,8 +6,8 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from pathlib import Path
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 from ..errors import DepthUnavailable, TaskQueueUnavailable
 from ..sqlfiles import queries
@@ -26,8 +26,8 @@ class SqliteTransport:
     name = "sqlite"
     redeliver_after_s = 1.0
 
-    def __init__(self, path: Path, *, poll_s: float = 0.05) -> None:
-        self.db = SqliteDb(path)
+    def __init__(self, db: SqliteDb, *, poll_s: float = 0.05) -> None:
+        self.db = db
         self.poll_s = poll_s
         self._wake = threading.Event()
 
@@ -81,6 +81,10 @@ class SqliteTransport:
             now = float(c.execute(NOW_SQL).fetchone()[0])
             c.execute(Q["release"], {**self._receipt_params(delivery), "now": now, "delay": delay_s})
 
+    def atomic(self, durable: bool) -> AbstractContextManager[Any]:
+        """Store and queue share this file: one transaction for both."""
+        return self.db.atomic(durable)
+
     def depth(self) -> int:
         try:
             c = self.db.conn()
@@ -90,4 +94,4 @@ class SqliteTransport:
             raise DepthUnavailable(f"queue depth unavailable ({type(exc).__name__})") from None
 
     def close(self) -> None:
-        self.db.close()
+        """The connections belong to the shared :class:`SqliteDb` (closed by the store)."""
