@@ -1,0 +1,282 @@
+"""End-to-end no-op turns per second on SQLite, against a bare SQLite claim loop.
+
+Measures, in one run on one machine:
+
+a) submission of ``--turns`` turns through ``Dispatcher.submit_many`` in batches;
+b) draining them with the built-in ``echo`` handler on ``--threads`` worker threads
+   (in this process, or in ``--procs`` ``agent-dispatch-worker`` processes);
+c) a bare claim loop on a fresh file with the same pragmas (WAL, busy_timeout):
+   ``BEGIN IMMEDIATE; UPDATE q SET claimed=1 WHERE id=(SELECT ...) RETURNING ...; COMMIT``
+   with ``synchronous=FULL`` and, for reference, ``NORMAL``;
+
+and prints ``ratio = ours / bare``. No assertion on time: the figures are the output.
+
+    python benchmarks/bench_sqlite.py --turns 10000 --threads 4
+    python benchmarks/bench_sqlite.py --turns 10000 --threads 2 --procs 2
+    python benchmarks/bench_sqlite.py --turns 2000 --profile   # cProfile of one claim loop
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import logging
+import os
+import pstats
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from agentdispatch import Dispatcher, Submission, Worker, WorkerOptions, load_settings, open_backends
+from agentdispatch.handlers import builtins
+from agentdispatch.sqlite_db import BUSY_TIMEOUT_MS
+
+
+def _settings(data_dir: Path):  # type: ignore[no-untyped-def]
+    return load_settings(
+        AGENT_DISPATCH_DATA_DIR=str(data_dir),
+        TASK_QUEUE_BACKEND="sqlite",
+        AGENT_DISPATCH_MAX_DEPTH=10_000_000,
+    )
+
+
+def _subs(turns: int, sessions: int) -> list[Submission]:
+    # sessions == 0: every turn is its own session (no serial constraint)
+    return [
+        Submission(kind="echo", payload={"n": i}, session_id=f"s{i % sessions}" if sessions else None)
+        for i in range(turns)
+    ]
+
+
+def bench_submit(data_dir: Path, turns: int, batch: int, sessions: int) -> float:
+    """Seconds to submit ``turns`` in batches of ``batch``."""
+    settings = _settings(data_dir)
+    store, transport = open_backends(settings)
+    dispatcher = Dispatcher(store, transport, settings)
+    subs = _subs(turns, sessions)
+    t0 = time.perf_counter()
+    for i in range(0, turns, batch):
+        dispatcher.submit_many(subs[i : i + batch])
+    elapsed = time.perf_counter() - t0
+    assert store.counts(None).get("ready", 0) == turns, store.counts(None)
+    transport.close()
+    store.close()
+    return elapsed
+
+
+def _succeeded(data_dir: Path) -> int:
+    conn = sqlite3.connect(data_dir / "agent_dispatch_queue.db", timeout=30)
+    try:
+        return int(conn.execute("SELECT count(*) FROM work_items WHERE status = 'succeeded'").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def bench_drain_threads(data_dir: Path, turns: int, threads: int) -> float:
+    """Seconds for one in-process Worker with ``threads`` threads to drain the queue."""
+    settings = _settings(data_dir)
+    store, transport = open_backends(settings)
+    worker = Worker(
+        settings, store, transport, builtins(), options=WorkerOptions(threads=threads, get_wait_s=0.05, grace_s=10)
+    )
+    worker.preflight()
+    t0 = time.perf_counter()
+    worker.start()
+    while _succeeded(data_dir) < turns:
+        time.sleep(0.02)
+    elapsed = time.perf_counter() - t0
+    worker.stop()
+    transport.close()
+    store.close()
+    return elapsed
+
+
+def bench_drain_procs(data_dir: Path, turns: int, threads: int, procs: int) -> float:
+    """Seconds for ``procs`` worker processes (``threads`` each) to drain the queue,
+    counted from the spawn (so it includes interpreter start-up)."""
+    env = dict(os.environ)
+    env.update(AGENT_DISPATCH_DATA_DIR=str(data_dir), XDG_DATA_HOME=str(data_dir / "xdg"), TASK_QUEUE_BACKEND="sqlite")
+    t0 = time.perf_counter()
+    children = [
+        subprocess.Popen(
+            ["agent-dispatch-worker", "--workers", str(threads), "--grace", "10"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(procs)
+    ]
+    try:
+        while _succeeded(data_dir) < turns:
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - t0
+    finally:
+        for child in children:
+            child.send_signal(signal.SIGTERM)
+        for child in children:
+            child.wait(timeout=30)
+    return elapsed
+
+
+def bench_bare(path: Path, turns: int, threads: int, synchronous: str) -> float:
+    """Seconds for ``threads`` threads to claim ``turns`` rows one transaction each."""
+
+    def connect() -> sqlite3.Connection:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000)
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
+        return conn
+
+    setup = connect()
+    setup.execute("CREATE TABLE q (id INTEGER PRIMARY KEY, claimed INTEGER NOT NULL DEFAULT 0, body TEXT NOT NULL)")
+    setup.execute("CREATE INDEX q_unclaimed ON q (id) WHERE claimed = 0")
+    setup.execute("BEGIN IMMEDIATE")
+    setup.executemany("INSERT INTO q (body) VALUES (?)", [(f'{{"n": {i}}}',) for i in range(turns)])
+    setup.execute("COMMIT")
+    setup.close()
+    claimed = [0] * threads
+
+    def loop(index: int) -> None:
+        conn = connect()
+        while True:
+            conn.execute("BEGIN IMMEDIATE")
+            row = conn.execute(
+                "UPDATE q SET claimed = 1 WHERE id = (SELECT id FROM q WHERE claimed = 0 ORDER BY id LIMIT 1) "
+                "RETURNING id, body"
+            ).fetchone()
+            conn.execute("COMMIT")
+            if row is None:
+                break
+            claimed[index] += 1
+        conn.close()
+
+    workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+    t0 = time.perf_counter()
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    assert sum(claimed) == turns, claimed
+    return elapsed
+
+
+def _verb(sql: str) -> str:
+    code = [ln for ln in sql.splitlines() if ln.strip() and not ln.strip().startswith("--")]
+    return code[0].split(None, 1)[0].upper() if code else "?"
+
+
+def profile_one_loop(data_dir: Path, turns: int, top: int) -> str:
+    """cProfile of one claim loop (get -> claim -> handler -> commit -> ack) run
+    in this thread until the queue is empty; returns the top entries."""
+    settings = _settings(data_dir)
+    statements: Counter[str] = Counter()
+    real_connect = sqlite3.connect
+
+    def traced_connect(*a: Any, **kw: Any) -> sqlite3.Connection:
+        # Count statements by verb (SQLite reports each one, COMMIT included).
+        conn = real_connect(*a, **kw)
+        conn.set_trace_callback(lambda sql: statements.update([_verb(sql)]))
+        return conn
+
+    sqlite3.connect = traced_connect  # type: ignore[assignment]
+    try:
+        store, transport = open_backends(settings)
+        worker = Worker(settings, store, transport, builtins(), options=WorkerOptions(threads=1))
+        transport.get("warmup", visibility_s=0.0, wait_s=0.0)  # open connections before counting
+        statements.clear()
+    finally:
+        sqlite3.connect = real_connect
+    loop = asyncio.new_event_loop()
+    prof = cProfile.Profile()
+    done = 0
+    prof.enable()
+    while done < turns:
+        delivery = transport.get("profiler:0", visibility_s=settings.claim_ttl_s, wait_s=0.0)
+        if delivery is None:
+            break
+        if worker.process(delivery, owner="profiler:0", index=0, loop=loop) == "completed":
+            done += 1
+    prof.disable()
+    loop.close()
+    transport.close()
+    store.close()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    # Which of our functions issue the SQL, and what each costs (COMMIT fsyncs included).
+    stats.sort_stats("tottime").print_callers(r"method 'execute' of 'sqlite3")
+    raw = stats.stats  # type: ignore[attr-defined]
+    calls = sum(v[1] for k, v in raw.items() if "method 'execute' of 'sqlite3" in k[2])
+    n = max(1, done)
+    verbs = ", ".join(f"{verb} {count / n:.2f}" for verb, count in statements.most_common())
+    per_turn = f"{calls / n:.1f} sqlite3 execute() calls per turn\nSQL statements per turn: {verbs}"
+    return f"profiled {done} turns; {per_turn}\n" + out.getvalue()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--turns", type=int, default=10_000)
+    parser.add_argument("--threads", type=int, default=4, help="worker threads (per process with --procs)")
+    parser.add_argument("--procs", type=int, default=0, help="worker processes (0 = threads in this process)")
+    parser.add_argument("--batch", type=int, default=500, help="submit_many batch size")
+    parser.add_argument("--sessions", type=int, default=0, help="spread turns over this many sessions (0 = one each)")
+    parser.add_argument("--dir", type=Path, default=None, help="where to put the files (default: a temp dir)")
+    parser.add_argument("--profile", action="store_true", help="also cProfile one claim loop")
+    parser.add_argument("--top", type=int, default=25, help="profile entries to print")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+
+    with tempfile.TemporaryDirectory(prefix="ad-bench-", dir=args.dir) as tmp:
+        root = Path(tmp)
+        ours_dir = root / "ours"
+        t_submit = bench_submit(ours_dir, args.turns, args.batch, args.sessions)
+        if args.procs:
+            t_ours = bench_drain_procs(ours_dir, args.turns, args.threads, args.procs)
+            shape = f"{args.procs} procs x {args.threads} threads"
+            bare_threads = args.procs * args.threads
+        else:
+            t_ours = bench_drain_threads(ours_dir, args.turns, args.threads)
+            shape = f"{args.threads} threads"
+            bare_threads = args.threads
+        t_full = bench_bare(root / "bare_full.db", args.turns, bare_threads, "FULL")
+        t_normal = bench_bare(root / "bare_normal.db", args.turns, bare_threads, "NORMAL")
+        profile: str | None = None
+        if args.profile:
+            prof_dir = root / "profile"
+            n = min(args.turns, 2000)
+            bench_submit(prof_dir, n, args.batch, args.sessions)
+            profile = profile_one_loop(prof_dir, n, args.top)
+
+    ours = args.turns / t_ours
+    full = args.turns / t_full
+    normal = args.turns / t_normal
+    sessions = args.sessions or args.turns
+    py = sys.version.split()[0]
+    print(f"agentdispatch SQLite benchmark: {args.turns} no-op turns over {sessions} sessions, python {py}")
+    print(f"  submit ({args.batch}/batch)      {t_submit:8.3f} s   {args.turns / t_submit:10.0f} turns/s")
+    print(f"  ours  drain ({shape:>16}) {t_ours:8.3f} s   {ours:10.0f} turns/s")
+    print(f"  bare  claim FULL   ({bare_threads:>2} thr) {t_full:8.3f} s   {full:10.0f} claims/s")
+    print(f"  bare  claim NORMAL ({bare_threads:>2} thr) {t_normal:8.3f} s   {normal:10.0f} claims/s")
+    print(f"ratio = ours / bare(FULL)   = {ours / full:.3f}   (target >= 0.5)")
+    print(f"ratio = ours / bare(NORMAL) = {ours / normal:.3f}")
+    print(f"submit {args.turns} turns: {t_submit:.3f} s   (target < 2 s)")
+    if profile:
+        print()
+        print(profile)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
