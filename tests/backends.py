@@ -68,7 +68,25 @@ def sqlite_harness(tmp_path: Path, **overrides: Any) -> Harness:
     return Harness("sqlite", settings, store, transport, env=env)
 
 
-BUILDERS: dict[str, Callable[..., Harness]] = {"sqlite": sqlite_harness}
+def postgres_harness(tmp_path: Path, **overrides: Any) -> Harness:
+    """Store and transport on a fresh schema of the test PostgreSQL (dropped at close)."""
+    from pg import create_schema
+
+    _name, uri, drop = create_schema()
+    env = {"STATE_DB_URI": uri, "TASK_QUEUE_BACKEND": "postgres"}
+    try:
+        settings = _settings(env, overrides)
+        store, transport = open_backends(settings, migrate=True)
+    except BaseException:
+        drop()
+        raise
+    h = Harness("postgres", settings, store, transport, env=env)
+    # Harness.close runs cleanup before closing the pools: drop after them.
+    h.cleanup.append(lambda: (transport.close(), store.close(), drop()) and None)
+    return h
+
+
+BUILDERS: dict[str, Callable[..., Harness]] = {"sqlite": sqlite_harness, "postgres": postgres_harness}
 
 _wanted = os.environ.get("AGENTDISPATCH_TEST_BACKENDS")
 CONTRACT_BACKENDS = [b.strip() for b in _wanted.split(",")] if _wanted else ["sqlite"]
