@@ -81,8 +81,14 @@ def postgres_harness(tmp_path: Path, **overrides: Any) -> Harness:
         drop()
         raise
     h = Harness("postgres", settings, store, transport, env=env)
-    # Harness.close runs cleanup before closing the pools: drop after them.
-    h.cleanup.append(lambda: (transport.close(), store.close(), drop()) and None)
+
+    def close_then_drop() -> None:
+        # Harness.close runs cleanup before closing the pools: close them first.
+        transport.close()
+        store.close()
+        drop()
+
+    h.cleanup.append(close_then_drop)
     return h
 
 
