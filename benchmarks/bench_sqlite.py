@@ -231,40 +231,55 @@ def _verb(sql: str) -> str:
 
 
 def profile_one_loop(data_dir: Path, turns: int, top: int) -> str:
-    """cProfile of one claim loop (get -> claim -> handler -> commit -> ack) run
-    in this thread until the queue is empty; returns the top entries."""
+    """Count SQL statements per turn over a first slice of the queue, then
+    cProfile one claim loop (get -> claim -> handler -> commit -> ack) run in
+    this thread over the rest; returns the report."""
     settings = _settings(data_dir)
     statements: Counter[str] = Counter()
+    tracing = [True]
     real_connect = sqlite3.connect
 
+    def count(sql: str) -> None:
+        if tracing[0]:
+            statements.update([_verb(sql)])
+
     def traced_connect(*a: Any, **kw: Any) -> sqlite3.Connection:
-        # Count statements by verb (SQLite reports each one, COMMIT included).
+        # SQLite reports every statement it runs, BEGIN and COMMIT included.
         conn = real_connect(*a, **kw)
-        conn.set_trace_callback(lambda sql: statements.update([_verb(sql)]))
+        conn.set_trace_callback(count)
         return conn
+
+    store, transport = open_backends(settings)
+    worker = Worker(settings, store, transport, builtins(), options=WorkerOptions(threads=1))
+    loop = asyncio.new_event_loop()
+
+    def run(n: int) -> int:
+        done = 0
+        while done < n:
+            delivery = transport.get("profiler:0", visibility_s=settings.claim_ttl_s, wait_s=0.0)
+            if delivery is None:
+                break
+            if worker.process(delivery, owner="profiler:0", index=0, loop=loop) == "completed":
+                done += 1
+        return done
 
     sqlite3.connect = traced_connect  # type: ignore[assignment]
     try:
-        store, transport = open_backends(settings)
-        worker = Worker(settings, store, transport, builtins(), options=WorkerOptions(threads=1))
-        transport.get("warmup", visibility_s=0.0, wait_s=0.0)  # open connections before counting
+        store.close()  # reopen this thread's connections through the traced connect
+        transport.close()
+        run(1)  # warm-up: connections opened, statements cached
         statements.clear()
+        counted = run(max(1, turns // 5))
+        tracing[0] = False
+        prof = cProfile.Profile()
+        prof.enable()
+        done = run(turns)
+        prof.disable()
     finally:
         sqlite3.connect = real_connect
-    loop = asyncio.new_event_loop()
-    prof = cProfile.Profile()
-    done = 0
-    prof.enable()
-    while done < turns:
-        delivery = transport.get("profiler:0", visibility_s=settings.claim_ttl_s, wait_s=0.0)
-        if delivery is None:
-            break
-        if worker.process(delivery, owner="profiler:0", index=0, loop=loop) == "completed":
-            done += 1
-    prof.disable()
-    loop.close()
-    transport.close()
-    store.close()
+        loop.close()
+        transport.close()
+        store.close()
     out = io.StringIO()
     stats = pstats.Stats(prof, stream=out)
     stats.sort_stats("tottime").print_stats(top)
@@ -273,10 +288,11 @@ def profile_one_loop(data_dir: Path, turns: int, top: int) -> str:
     stats.sort_stats("tottime").print_callers(r"method 'execute' of 'sqlite3")
     raw = stats.stats  # type: ignore[attr-defined]
     calls = sum(v[1] for k, v in raw.items() if "method 'execute' of 'sqlite3" in k[2])
-    n = max(1, done)
-    verbs = ", ".join(f"{verb} {count / n:.2f}" for verb, count in statements.most_common())
-    per_turn = f"{calls / n:.1f} sqlite3 execute() calls per turn\nSQL statements per turn: {verbs}"
-    return f"profiled {done} turns; {per_turn}\n" + out.getvalue()
+    verbs = ", ".join(f"{verb} {n / max(1, counted):.2f}" for verb, n in statements.most_common())
+    return (
+        f"SQL statements per turn (over {counted} turns): {verbs}\n"
+        f"profiled {done} turns; {calls / max(1, done):.1f} sqlite3 execute() calls per turn\n" + out.getvalue()
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -318,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile:
             prof_dir = root / "profile"
             n = min(args.turns, 2000)
-            bench_submit(prof_dir, n, args.batch, args.sessions)
+            bench_submit(prof_dir, n + n // 5 + 1, args.batch, args.sessions)
             profile = profile_one_loop(prof_dir, n, args.top)
 
     ours = args.turns / t_ours
