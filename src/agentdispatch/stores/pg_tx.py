@@ -74,18 +74,19 @@ class PostgresTx:
             return
         # Plain round trips: for the usual two or three statements they beat
         # entering pipeline mode; executemany pipelines many saves by itself.
+        # Arrays travel in binary: text-format array quoting dominates bulk submits.
         if self._inserts:
-            self.c.execute(Q["insert_many"], _columns(self._inserts, _INSERT_COLS))
+            self.c.execute(Q["insert_many"], _columns(self._inserts, _INSERT_COLS), binary=True)
         if len(self._saves) == 1:
             self.c.execute(Q["save"], self._saves[0])
         elif self._saves:
             self.c.cursor().executemany(Q["save"], self._saves)
         if self._events:
-            self.c.execute(Q["event_many"], _columns(self._events, _EVENT_COLS))
+            self.c.execute(Q["event_many"], _columns(self._events, _EVENT_COLS), binary=True)
         if self._enqueues:
-            # Sorted so that concurrent writers lock fairness rows in one order.
-            rows = sorted(self._enqueues, key=lambda r: (r["priority"], r["group_ref"]))
-            self.c.execute(Q["enqueue_many"], _columns(rows, _ENQUEUE_COLS))
+            # Submission order is enqueue order (row ids); the trigger that
+            # upserts fairness rows sorts its keys, so writers lock in one order.
+            self.c.execute(Q["enqueue_many"], _columns(self._enqueues, _ENQUEUE_COLS), binary=True)
         self._inserts.clear()
         self._saves.clear()
         self._events.clear()

@@ -1,0 +1,159 @@
+"""PostgreSQL migrations produce the expected schema; start-up refuses an older
+schema; failures never echo the connection URI."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from agentdispatch.errors import DepthUnavailable, TaskQueueUnavailable
+from agentdispatch.stores.postgres import PostgresStore
+from agentdispatch.transports.postgres import PostgresTransport
+from pg import admin, create_schema
+
+EXPECTED: dict[str, list[str]] = {
+    "dispatch_meta": ["key", "value"],
+    "work_items": [
+        "seq", "id", "tenant", "session_id", "session_ref", "kind", "agent_name", "payload", "priority",
+        "status", "reason", "attempts", "max_attempts", "dependencies", "deadline_unix", "created_at",
+        "ready_at", "updated_at", "completed_at", "lease_owner", "lease_epoch", "lease_token",
+        "lease_expires_at", "result", "error", "run_id",
+    ],
+    "dispatch_depth": ["slot", "n"],
+    "work_dependencies": ["depends_on", "job_id"],
+    "work_events": ["id", "job_id", "at", "event", "status", "attempt", "epoch", "detail"],
+    "side_effects": ["tenant", "key", "job_id", "state", "epoch", "result", "created_at", "updated_at"],
+    "poison_envelopes": ["digest", "raw", "reason", "created_at"],
+    "dispatch_workers": [
+        "worker_id", "host", "capacity", "active_sessions", "queue_backend", "started_at", "last_heartbeat",
+    ],
+    "agent_dispatch_queue": [
+        "id", "job_id", "item_seq", "session_ref", "tenant_ref", "group_ref", "priority", "deadline_unix",
+        "envelope", "enqueued_at", "visible_at", "claimed_by", "claimed_at", "deliveries",
+    ],
+    "dispatch_fair_tenants": ["priority", "tenant_ref", "queued", "since", "last_served"],
+    "dispatch_fair_groups": [
+        "priority", "group_ref", "tenant_ref", "queued", "deadline_key", "since", "last_served",
+    ],
+    "api_tokens": ["token_id", "token_hash", "tenant", "label", "created_at", "revoked_at"],
+}  # fmt: skip
+
+
+@pytest.fixture
+def schema() -> Iterator[tuple[str, str]]:
+    name, uri, drop = create_schema()
+    try:
+        yield name, uri
+    finally:
+        drop()
+
+
+def _columns(schema: str) -> dict[str, list[str]]:
+    with admin() as conn:
+        rows = conn.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = %s ORDER BY table_name, ordinal_position",
+            (schema,),
+        ).fetchall()
+    out: dict[str, list[str]] = {}
+    for table, column in rows:
+        out.setdefault(str(table), []).append(str(column))
+    return out
+
+
+def test_migrations_produce_the_expected_schema(schema: tuple[str, str]) -> None:
+    name, uri = schema
+    store = PostgresStore(uri)
+    try:
+        assert store.schema_version() == 0
+        store.migrate()
+        store.migrate()  # idempotent
+        assert store.schema_version() == 2
+        store.ping()
+    finally:
+        store.close()
+    assert _columns(name) == EXPECTED
+    with admin() as conn:
+        indexes = {
+            r[0] for r in conn.execute("SELECT indexname FROM pg_indexes WHERE schemaname = %s", (name,)).fetchall()
+        }
+        triggers = {
+            r[0]
+            for r in conn.execute(
+                "SELECT DISTINCT trigger_name FROM information_schema.triggers WHERE trigger_schema = %s", (name,)
+            ).fetchall()
+        }
+        slots = conn.execute(f"SELECT count(*) FROM {name}.dispatch_depth").fetchone()
+    assert {"queue_group_head", "queue_session", "queue_deadline", "fair_tenants_order", "fair_groups_order"} <= indexes
+    assert triggers == {
+        "work_items_inserted",
+        "work_items_status",
+        "work_items_deleted",
+        "queue_added",
+        "queue_removed",
+    }
+    assert slots == (16,)
+
+
+def test_ping_refuses_an_older_schema_naming_migrate(schema: tuple[str, str]) -> None:
+    name, uri = schema
+    store = PostgresStore(uri)
+    try:
+        with pytest.raises(TaskQueueUnavailable, match="agentdispatch migrate"):
+            store.ping()
+        store.migrate()
+        with admin() as conn:
+            conn.execute(f"UPDATE {name}.dispatch_meta SET value = '1' WHERE key = 'schema_version'")
+        with pytest.raises(TaskQueueUnavailable, match=r"version 1 is older than 2; run `agentdispatch migrate`"):
+            store.ping()
+        store.migrate()
+        store.ping()
+    finally:
+        store.close()
+
+
+def test_work_items_answer_plain_sql(schema: tuple[str, str]) -> None:
+    from agentdispatch.dispatch import Dispatcher, Submission
+    from agentdispatch.settings import load_settings
+
+    name, uri = schema
+    store = PostgresStore(uri)
+    store.migrate()
+    transport = PostgresTransport(store, listen=False)
+    try:
+        d = Dispatcher(store, transport, load_settings(STATE_DB_URI=uri))
+        handle = d.submit(Submission(kind="echo", payload={"text": "secret body"}, tenant="acme"))
+        d.cancel(handle.job_id, "acme", reason="operator")
+    finally:
+        transport.close()
+        store.close()
+    with admin() as conn:
+        row = conn.execute(
+            f"SELECT status, reason, created_at, ready_at, attempts, run_id, completed_at "
+            f"FROM {name}.work_items WHERE id = %s",
+            (handle.job_id,),
+        ).fetchone()
+        refs = conn.execute(f"SELECT count(*) FROM {name}.dispatch_fair_tenants WHERE tenant_ref = 'acme'").fetchone()
+    assert row is not None
+    status, reason, created_at, ready_at, attempts, run_id, completed_at = row
+    assert (status, reason, attempts, run_id) == ("cancelled", "operator", 0, None)
+    assert completed_at >= ready_at >= created_at > 1e9
+    assert refs == (0,)  # scheduling tables hold opaque refs, never tenant names
+
+
+def test_unreachable_database_fails_loudly_without_echoing_the_uri() -> None:
+    uri = "postgresql://someuser:hunter2secret@127.0.0.1:1/nodb"
+    store = PostgresStore(uri, pool_timeout_s=0.5)
+    transport = PostgresTransport(store, listen=False)
+    try:
+        for call in (store.ping, transport.ping, transport.depth):
+            with pytest.raises(TaskQueueUnavailable) as info:
+                call()
+            text = str(info.value)
+            assert "hunter2secret" not in text and "someuser" not in text and "127.0.0.1" not in text
+        with pytest.raises(DepthUnavailable):
+            transport.depth()
+    finally:
+        transport.close()
+        store.close()
