@@ -1,0 +1,127 @@
+"""Compare-and-admit on PostgreSQL under 16 concurrent submitting connections,
+and the trigger-kept depth counter staying equal to the real count."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from agentdispatch.dispatch import Dispatcher, Submission
+from agentdispatch.errors import QueueFull
+from agentdispatch.settings import load_settings
+from agentdispatch.stores.postgres import PostgresStore
+from agentdispatch.transports.postgres import PostgresTransport
+from pg import admin, create_schema
+
+ACTIVE = "status IN ('submitted', 'ready', 'leased', 'running')"
+
+
+@pytest.fixture
+def schema() -> Iterator[tuple[str, str]]:
+    name, uri, drop = create_schema()
+    try:
+        store = PostgresStore(uri)
+        store.migrate()
+        store.close()
+        yield name, uri
+    finally:
+        drop()
+
+
+def test_depth_bound_holds_under_16_concurrent_connections(schema: tuple[str, str]) -> None:
+    name, uri = schema
+    bound, writers, per_writer = 150, 16, 20
+    settings = load_settings(STATE_DB_URI=uri, AGENT_DISPATCH_MAX_DEPTH=bound)
+    stores = [PostgresStore(uri, pool_size=2) for _ in range(writers)]
+    accepted: list[str] = []
+    rejected: list[str] = []
+    peak = [0]
+    lock = threading.Lock()
+    start = threading.Barrier(writers + 1)
+    done = threading.Event()
+
+    def submit(store: PostgresStore, k: int) -> None:
+        d = Dispatcher(store, PostgresTransport(store, listen=False), settings)
+        start.wait()
+        for i in range(per_writer):
+            # Single items and small batches, so batches straddle the bound too.
+            subs = [Submission(kind="echo", tenant=f"t{k % 4}") for _ in range(1 + i % 3)]
+            try:
+                handles = d.submit_many(subs)
+            except QueueFull as exc:
+                assert "AGENT_DISPATCH_MAX_DEPTH" in str(exc)
+                with lock:
+                    rejected.extend(["x"] * len(subs))
+            else:
+                with lock:
+                    accepted.extend(h.job_id for h in handles)
+
+    def watch() -> None:
+        with admin() as conn:
+            while not done.is_set():
+                row = conn.execute(f"SELECT count(*) FROM {name}.work_items WHERE {ACTIVE}").fetchone()
+                assert row is not None
+                peak[0] = max(peak[0], int(row[0]))
+
+    threads = [threading.Thread(target=submit, args=(s, k)) for k, s in enumerate(stores)]
+    watcher = threading.Thread(target=watch)
+    for t in threads:
+        t.start()
+    watcher.start()
+    start.wait()
+    for t in threads:
+        t.join(60)
+    done.set()
+    watcher.join(10)
+    for s in stores:
+        s.close()
+    with admin() as conn:
+        active = conn.execute(f"SELECT count(*) FROM {name}.work_items WHERE {ACTIVE}").fetchone()
+        queued = conn.execute(f"SELECT count(*) FROM {name}.agent_dispatch_queue").fetchone()
+        counter = conn.execute(f"SELECT sum(n) FROM {name}.dispatch_depth").fetchone()
+    attempted = sum(1 + i % 3 for i in range(per_writer)) * writers
+    print(
+        f"\nadmission: bound={bound} attempted={attempted} accepted={len(accepted)} "
+        f"rejected={len(rejected)} peak={peak[0]}"
+    )
+    assert len(set(accepted)) == len(accepted)
+    assert len(accepted) + len(rejected) == attempted
+    assert peak[0] <= bound
+    assert active is not None and active[0] == len(accepted) <= bound
+    # The bound was reached: no batch that would fit was refused.
+    assert bound - 2 <= len(accepted)
+    assert queued == active
+    assert counter == active
+
+
+def test_depth_counter_follows_every_transition(schema: tuple[str, str]) -> None:
+    from agentdispatch.workitem import Outcome
+
+    name, uri = schema
+    store = PostgresStore(uri)
+    transport = PostgresTransport(store, listen=False)
+    try:
+        d = Dispatcher(store, transport, load_settings(STATE_DB_URI=uri, AGENT_DISPATCH_MAX_DEPTH=1000))
+        parent = d.submit(Submission(kind="echo", tenant="a"))
+        child = d.submit(Submission(kind="echo", tenant="a", dependencies=(parent.job_id,)))
+        others = d.submit_many([Submission(kind="echo", tenant="b") for _ in range(5)])
+        d.cancel(others[0].job_id, "b")
+        claim = store.claim(parent.job_id, "a", owner="w:0", ttl_s=30)
+        assert claim.lease is not None
+        store.commit(claim.lease, Outcome(ok=False, error="boom", retryable=False))  # cancels the child
+        for h in others[1:3]:
+            c = store.claim(h.job_id, "b", owner="w:0", ttl_s=30)
+            assert c.lease is not None
+            store.commit(c.lease, Outcome(ok=False, error="x", dead_letter_reason="manual"))
+        d.replay(others[1].job_id, "b")
+        assert store.get(child.job_id, "a").status.value == "cancelled"
+    finally:
+        transport.close()
+        store.close()
+    with admin() as conn:
+        active = conn.execute(f"SELECT count(*) FROM {name}.work_items WHERE {ACTIVE}").fetchone()
+        counter = conn.execute(f"SELECT sum(n) FROM {name}.dispatch_depth").fetchone()
+    assert active == (3,)  # two never claimed + one replayed
+    assert counter == active
