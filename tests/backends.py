@@ -92,7 +92,62 @@ def postgres_harness(tmp_path: Path, **overrides: Any) -> Harness:
     return h
 
 
-BUILDERS: dict[str, Callable[..., Harness]] = {"sqlite": sqlite_harness, "postgres": postgres_harness}
+def kafka_harness(tmp_path: Path, *, pg: bool = False, **overrides: Any) -> Harness:
+    """Envelopes on a fresh Tansu broker (started here, killed at close); the
+    store on SQLite, or on a fresh PostgreSQL database with ``pg``."""
+    from agentdispatch.factory import open_store
+    from agentdispatch.transports.kafka import KafkaTransport
+    from kafka_broker import Broker
+
+    broker = Broker(tmp_path / "broker").start()
+    env = {
+        "AGENT_DISPATCH_DATA_DIR": str(tmp_path / "data"),
+        "TASK_QUEUE_BACKEND": "kafka",
+        "KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
+    }
+    cleanup: list[Callable[[], None]] = [broker.kill]
+    if pg:
+        env["STATE_DB_URI"] = fresh_pg_database(cleanup)
+    try:
+        settings = _settings(env, overrides)
+        store = open_store(settings, migrate=True)
+        # Short group timeouts: Tansu waits for the rebalance timeout on joins.
+        transport = KafkaTransport(settings, max_poll_interval_ms=10_000, session_timeout_ms=6_000)
+    except BaseException:
+        for fn in reversed(cleanup):
+            fn()
+        raise
+    h = Harness("kafka-pg" if pg else "kafka", settings, store, transport, env=env)
+    # Close the clients while the broker still answers, then kill it.
+    h.cleanup.extend([*cleanup, transport.close])
+    return h
+
+
+def fresh_pg_database(cleanup: list[Callable[[], None]]) -> str:
+    """Create an empty database on the test server; dropped at cleanup."""
+    import uuid
+
+    import psycopg
+
+    base = os.environ.get("AGENTDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+    name = "ad_" + uuid.uuid4().hex[:12]
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+
+    def drop() -> None:
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    cleanup.insert(0, drop)  # runs after the broker is gone and the store closed
+    return base.rsplit("/", 1)[0] + "/" + name
+
+
+BUILDERS: dict[str, Callable[..., Harness]] = {
+    "sqlite": sqlite_harness,
+    "postgres": postgres_harness,
+    "kafka": kafka_harness,
+    "kafka-pg": lambda tmp_path, **kw: kafka_harness(tmp_path, pg=True, **kw),
+}
 
 _wanted = os.environ.get("AGENTDISPATCH_TEST_BACKENDS")
 CONTRACT_BACKENDS = [b.strip() for b in _wanted.split(",")] if _wanted else ["sqlite"]

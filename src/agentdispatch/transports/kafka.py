@@ -16,6 +16,7 @@ consumers (the SQS-like contract every transport shares).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..envelope import Envelope
-from ..errors import QueueFull, TaskQueueUnavailable
+from ..errors import AgentDispatchError, QueueFull, TaskQueueUnavailable
 from ..settings import KAFKA_GROUP, KAFKA_TOPIC, Settings
 from .base import Delivery
 from .kafka_admin import TopicAdmin
@@ -114,6 +115,10 @@ class KafkaTransport:
         self._stop = threading.Event()
         self._keepalive: threading.Thread | None = None
         self.handoffs = 0
+        self.auto_relay_s = 0.1
+        self._outbox: Store | None = None
+        self._last_auto_relay = 0.0
+        self._closed = False
         self._retired = {"assignments": 0, "revocations": 0}
 
     # -- health and admission ---------------------------------------------------
@@ -137,9 +142,7 @@ class KafkaTransport:
         would exceed the bound; an unknown lag rejects too."""
         lag = self.depth()
         if lag + n > max_depth:
-            raise QueueFull(
-                f"queue full: {lag} unconsumed turns on Kafka, bound AGENT_DISPATCH_MAX_DEPTH={max_depth}"
-            )
+            raise QueueFull(f"queue full: {lag} unconsumed turns on Kafka, bound AGENT_DISPATCH_MAX_DEPTH={max_depth}")
 
     # -- publishing ------------------------------------------------------------------
     def put(self, envelope: Envelope) -> None:
@@ -156,7 +159,23 @@ class KafkaTransport:
         raises; the rows then stay and the next relay retries them)."""
         with self._lock:
             gate = self._relays.setdefault(id(store), GroupCommit())
+            self._outbox = store
         return gate.run(lambda: self._drain(store))
+
+    def _auto_relay(self) -> None:
+        # A fenced commit that schedules a retry, or releases dependants, writes
+        # outbox rows that nobody publishes until the next reconciler pass; the
+        # consumers publish them promptly (rate-limited), best effort.
+        store = self._outbox
+        now = time.monotonic()
+        with self._lock:
+            if store is None or now - self._last_auto_relay < self.auto_relay_s:
+                return
+            self._last_auto_relay = now
+        try:
+            self.relay(store)
+        except AgentDispatchError as exc:
+            log.debug("opportunistic relay failed (the reconciler retries): %s", exc)
 
     def _drain(self, store: Store) -> int:
         total = 0
@@ -184,6 +203,7 @@ class KafkaTransport:
 
     def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
         """One envelope from ``owner``'s own consumer (created on first use)."""
+        self._auto_relay()
         return self._consumer(owner).get(visibility_s, wait_s)
 
     def _owner_of(self, delivery: Delivery) -> OwnedConsumer | None:
@@ -194,13 +214,19 @@ class KafkaTransport:
         """Commit the offset; False when the receipt's consumer no longer owns it
         (another owner's receipt, a revoked partition, a handed-off consumer)."""
         oc = self._owner_of(delivery)
-        return oc is not None and oc.ack(delivery.receipt)
+        done = oc is not None and oc.ack(delivery.receipt)
+        self._auto_relay()  # the commit before this ack may have written outbox rows
+        return done
 
     def release(self, delivery: Delivery, delay_s: float) -> None:
         """Hold the message, uncommitted, in its consumer for ``delay_s``."""
         oc = self._owner_of(delivery)
         if oc is not None:
             oc.release(delivery.receipt, delay_s)
+
+    def atomic(self, durable: bool) -> contextlib.AbstractContextManager[Any]:
+        """Kafka and the store share no transaction: a no-op context."""
+        return contextlib.nullcontext()
 
     def _keepalive_loop(self) -> None:
         while not self._stop.wait(min(0.5, self.keepalive_s)):
@@ -241,7 +267,10 @@ class KafkaTransport:
         }
 
     def close(self) -> None:
-        """Stop the keepalive, leave the group, flush and close clients."""
+        """Stop the keepalive, leave the group, flush and close clients (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
         self._stop.set()
         if self._keepalive is not None:
             self._keepalive.join(timeout=5)

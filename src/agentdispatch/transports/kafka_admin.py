@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic  # type: ignore[attr-defined]
 
 from ..errors import DepthUnavailable, TaskQueueUnavailable
 

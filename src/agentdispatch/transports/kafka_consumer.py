@@ -13,6 +13,7 @@ fetched again by whoever owns the partition next).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import threading
@@ -27,6 +28,9 @@ from ..errors import TaskQueueUnavailable
 from .base import Delivery, Receipt
 
 _SEQ = itertools.count()
+
+#: The longest a fresh assignment waits for every partition's backlog.
+WARMUP_S = 1.0
 
 
 @dataclass
@@ -87,7 +91,9 @@ class OwnedConsumer:
         self._next: dict[int, int] = {}
         self._committed: dict[int, int] = {}
         self._paused = False
-        self._c = Consumer(config)
+        self._eof: set[int] = set()
+        self._assigned_at = 0.0
+        self._c = Consumer({**config, "enable.partition.eof": True})
         self._c.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
 
     # -- rebalance callbacks (run inside poll, under self.lock) ---------------
@@ -95,6 +101,8 @@ class OwnedConsumer:
         self.assignments += 1
         self.assigned = {p.partition for p in parts}
         self._paused = False
+        self._eof = set()
+        self._assigned_at = time.monotonic()
 
     def _on_revoke(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
         self.revocations += 1
@@ -120,8 +128,9 @@ class OwnedConsumer:
                 self._add(_entry(msg))
             elif err.fatal():
                 raise TaskQueueUnavailable(f"fatal Kafka consumer error ({err.name()})")
-            elif err.code() != KafkaError._PARTITION_EOF:
-                pass  # transient (broker restart, rebalance): librdkafka recovers
+            elif err.code() == KafkaError._PARTITION_EOF:
+                self._eof.add(int(msg.partition() or 0))
+            # else transient (broker restart, rebalance): librdkafka recovers
             if len(self._buffer) >= self.buffer_max:
                 break
             msg = self._c.poll(0)  # drain what is already fetched, without waiting
@@ -160,6 +169,12 @@ class OwnedConsumer:
             self._c.resume(parts)
             self._paused = False
 
+    def _warm(self, now: float) -> bool:
+        # Right after an assignment partitions start fetching one by one; wait
+        # (briefly) until each reached its end once, so the first pick sees the
+        # backlog of every partition and honours deadlines and priorities.
+        return self.assigned <= self._eof or len(self._buffer) >= self.buffer_max or now - self._assigned_at >= WARMUP_S
+
     def _pick(self, now_mono: float, now_unix: float) -> _Entry | None:
         """Expired deadlines first, then priority, then arrival; only the first
         buffered message of each key (session) is eligible, so a session's
@@ -184,10 +199,11 @@ class OwnedConsumer:
     def get(self, visibility_s: float, wait_s: float) -> Delivery | None:
         """Hand out one message, polling up to ``wait_s`` for one."""
         deadline = time.monotonic() + wait_s
+        polled = False
         with self.lock:
             while not self.closed:
                 now = time.monotonic()
-                e = self._pick(now, time.time())
+                e = self._pick(now, time.time()) if self._warm(now) else None
                 if e is not None:
                     self._buffer.remove(e)
                     e.deliveries += 1
@@ -196,9 +212,10 @@ class OwnedConsumer:
                     ref = (self.incarnation, e.partition, e.offset)
                     return Delivery(raw=e.raw, receipt=Receipt(self.owner, now, ref), deliveries=e.deliveries)
                 remaining = deadline - now
-                if remaining <= 0:
+                if remaining <= 0 and polled:
                     return None
-                self._poll(min(remaining, 0.1))
+                self._poll(min(max(remaining, 0.0), 0.1))  # at least one poll, even with wait_s=0
+                polled = True
         return None
 
     # -- acknowledgement -------------------------------------------------------
@@ -279,7 +296,6 @@ class OwnedConsumer:
             self.closed = True
             self._buffer.clear()
             self._inflight.clear()
-            try:
+            # Already closed or broker gone: leaving is best effort.
+            with contextlib.suppress(Exception):
                 self._c.close()
-            except Exception:  # already closed or broker gone: leaving is best effort
-                pass

@@ -33,7 +33,9 @@ def message_key(session_id: str | None, tenant: str | None) -> bytes:
     """``session:<opaque ref>``; a session outranks the tenant, so all turns
     of one session land on one partition (serial) while sessions spread."""
     if session_id:
-        kind, parts = "session", (tenant or "", session_id)
+        # The session id alone: same-named sessions of two tenants share a
+        # partition, which costs nothing and keeps any reading of "session" serial.
+        kind, parts = "session", (session_id,)
     elif tenant:
         kind, parts = "tenant", (tenant,)
     else:
