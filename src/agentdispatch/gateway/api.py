@@ -6,6 +6,7 @@ its REST twins under ``/v1/jobs``."""
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, Query
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..dispatch import Submission
@@ -118,6 +119,12 @@ def _submission(spec: JobSpec, caller: Caller, idempotency_key: str | None) -> S
     return Submission.from_mapping(data, tenant=caller.submit_tenant(spec.tenant))
 
 
+def _ok(data: Any, status: int = 200) -> Response:
+    # A ready Response skips FastAPI's re-validation of the return value, which
+    # it would run in a second thread-pool hop; the models above still document it.
+    return JSONResponse(data, status_code=status)
+
+
 def build_router(services: Services, caller_dep: Any) -> APIRouter:
     """The jobs routes over ``services.dispatcher``."""
     router = APIRouter(responses=ERRORS)
@@ -127,21 +134,26 @@ def build_router(services: Services, caller_dep: Any) -> APIRouter:
         str | None, Header(alias="Idempotency-Key", pattern=IDENT, description="A repeat returns the same job.")
     ]
 
-    @router.post("/api/graph/jobs", tags=["graph"], summary="Dispatch, read or cancel a job")
-    def graph_jobs(body: GraphRequest, caller: CallerDep, idempotency_key: IdemKey = None) -> dict[str, Any]:
+    @router.post(
+        "/api/graph/jobs",
+        response_model=JobHandleOut | JobView,
+        tags=["graph"],
+        summary="Dispatch, read or cancel a job",
+    )
+    def graph_jobs(body: GraphRequest, caller: CallerDep, idempotency_key: IdemKey = None) -> Response:
         """One endpoint, three actions; the shapes are those of SPEC section 8."""
         if body.action == "dispatch":
-            return d.submit(_submission(body, caller, idempotency_key)).model_dump()
+            return _ok(d.submit(_submission(body, caller, idempotency_key)).model_dump())
         if body.job_id is None:
             raise ApiError(422, "invalid_request", f"job_id is required for action {body.action!r}")
         if body.action == "status":
-            return d.status(body.job_id, caller.tenant)
-        return d.cancel(body.job_id, caller.tenant, body.reason or "cancelled")
+            return _ok(d.status(body.job_id, caller.tenant))
+        return _ok(d.cancel(body.job_id, caller.tenant, body.reason or "cancelled"))
 
     @router.post("/v1/jobs", status_code=202, response_model=JobHandleOut, tags=["jobs"], summary="Submit a job")
-    def create_job(body: JobSpec, caller: CallerDep, idempotency_key: IdemKey = None) -> dict[str, Any]:
+    def create_job(body: JobSpec, caller: CallerDep, idempotency_key: IdemKey = None) -> Response:
         """Accept one turn; answers once it is durable."""
-        return d.submit(_submission(body, caller, idempotency_key)).model_dump()
+        return _ok(d.submit(_submission(body, caller, idempotency_key)).model_dump(), 202)
 
     @router.get("/v1/jobs", response_model=JobPage, tags=["jobs"], summary="List jobs")
     def list_jobs(
@@ -149,33 +161,31 @@ def build_router(services: Services, caller_dep: Any) -> APIRouter:
         status: Annotated[Status | None, Query(description="Only jobs in this status.")] = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
-    ) -> dict[str, Any]:
+    ) -> Response:
         """Jobs newest first, optionally filtered by status."""
         items = d.jobs(caller.tenant, status, limit=limit, offset=offset)
-        return {
-            "jobs": [i.view() for i in items],
-            "page": {"limit": limit, "offset": offset, "returned": len(items), "more": len(items) == limit},
-        }
+        page = {"limit": limit, "offset": offset, "returned": len(items), "more": len(items) == limit}
+        return _ok({"jobs": [i.view() for i in items], "page": page})
 
     @router.get("/v1/jobs/{job_id}", response_model=JobView, tags=["jobs"], summary="Read a job")
-    def get_job(job_id: str, caller: CallerDep) -> dict[str, Any]:
+    def get_job(job_id: str, caller: CallerDep) -> Response:
         """The WorkItem view of one job."""
-        return d.status(job_id, caller.tenant)
+        return _ok(d.status(job_id, caller.tenant))
 
     @router.get("/v1/jobs/{job_id}/history", tags=["jobs"], summary="A job's history")
-    def job_history(job_id: str, caller: CallerDep) -> dict[str, Any]:
+    def job_history(job_id: str, caller: CallerDep) -> Response:
         """Events (attempts, leases, outcomes) and the side-effect ledger."""
-        return d.history(job_id, caller.tenant)
+        return _ok(d.history(job_id, caller.tenant))
 
     @router.post("/v1/jobs/{job_id}/cancel", response_model=JobView, tags=["jobs"], summary="Cancel a job")
-    def cancel_job(job_id: str, caller: CallerDep, body: CancelRequest | None = None) -> dict[str, Any]:
+    def cancel_job(job_id: str, caller: CallerDep, body: CancelRequest | None = None) -> Response:
         """Cancel a non-terminal job (a running worker is fenced out)."""
-        return d.cancel(job_id, caller.tenant, (body.reason if body else None) or "cancelled")
+        return _ok(d.cancel(job_id, caller.tenant, (body.reason if body else None) or "cancelled"))
 
     @router.post("/v1/jobs/{job_id}/replay", tags=["jobs"], summary="Replay a dead-lettered job")
-    def replay_job(job_id: str, caller: CallerDep) -> dict[str, Any]:
+    def replay_job(job_id: str, caller: CallerDep) -> Response:
         """Back to ready as a new attempt; answers with the side-effect ledger."""
         view = d.replay(job_id, caller.tenant)
-        return {"job": view, "side_effects": d.history(job_id, caller.tenant)["side_effects"]}
+        return _ok({"job": view, "side_effects": d.history(job_id, caller.tenant)["side_effects"]})
 
     return router

@@ -34,8 +34,11 @@ def create_app(services: Services) -> FastAPI:
     errors.install(app)
     bearer = HTTPBearer(auto_error=False, description="A token from `agentdispatch token create --tenant T`.")
 
-    def caller(request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None) -> Caller:
-        # HTTPBearer only documents the scheme; authenticate() parses the raw header.
+    async def caller(
+        request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None
+    ) -> Caller:
+        # HTTPBearer only documents the scheme; authenticate() parses the raw header
+        # here (no I/O) and defers the token lookup to the route's worker thread.
         return authenticate(services, request.headers.get("authorization"))
 
     app.include_router(api.build_router(services, caller))
