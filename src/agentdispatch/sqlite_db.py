@@ -45,7 +45,7 @@ class SqliteDb:
                 )
             conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
             conn.execute("PRAGMA foreign_keys = OFF")
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise TaskQueueUnavailable(
                 f"cannot open the SQLite queue ({type(exc).__name__}); check AGENT_DISPATCH_DATA_DIR"
             ) from None

@@ -272,7 +272,10 @@ def commit(item: WorkItem, lease: Lease, outcome: Outcome, now: float, backoff_s
     of the same commit by the same lease is a no-op; anything else on a terminal
     item is rejected.
     """
-    if item.status.terminal and item.lease_epoch == lease.epoch and item.lease_token == lease.token:
+    same_lease = item.lease_epoch == lease.epoch and item.lease_token == lease.token
+    if same_lease and item.status is Status.READY and not outcome.ok and outcome.same_as(item):
+        return item  # the same retry committed twice (e.g. the first reply was lost)
+    if item.status.terminal and same_lease:
         if item.status is Status.CANCELLED:
             raise LeaseLost(f"job {item.id} was cancelled; lease epoch {lease.epoch} fenced")
         if outcome.same_as(item):

@@ -281,11 +281,6 @@ def test_oversized_payload_is_refused_through_the_python_api_of_the_cli_process(
     assert cli.job_count() == before
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="GAP(src/agentdispatch/cli/jobs.py submit): no way to pass a payload over 128 KiB "
-    "(one argv string is capped by Linux); wanted e.g. `--payload @file` or `--payload -` (stdin)",
-)
 def test_oversized_payload_from_a_file_is_refused(cli: Cli) -> None:
     big = cli.root / "big.json"
     big.write_text(json.dumps({"blob": "x" * (1024 * 1024)}))
@@ -360,12 +355,6 @@ def test_worker_preflight_exits_2_when_the_store_is_unreachable(cli: Cli, comman
     assert str(cli.root) not in line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG(src/agentdispatch/sqlite_db.py SqliteDb._open): mkdir of the data dir raises "
-    "NotADirectoryError/PermissionError (OSError), which the `except sqlite3.Error` does not catch: "
-    "traceback and exit 1 instead of exit 2",
-)
 @pytest.mark.parametrize("command", [["agentdispatch", "worker"], ["agent-dispatch-worker"]])
 def test_worker_preflight_exits_2_when_the_data_dir_is_under_a_regular_file(cli: Cli, command: list[str]) -> None:
     blocker = cli.root / "regular-file"

@@ -426,13 +426,6 @@ def test_view_hides_lease_secrets() -> None:
     assert view["payload_ref"] == item.id
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=LeaseLost,
-    reason="BUG(src/agentdispatch/workitem.py commit): a repeated retry commit by the same lease "
-    "raises LeaseLost instead of being a no-op; Outcome.same_as accepts READY but commit() only "
-    "short-circuits terminal items",
-)
 def test_commit_same_retry_outcome_by_same_lease_is_a_noop() -> None:
     item, lease = running()
     back = wi.commit(item, lease, Outcome(ok=False, error="flaky"), T0 + 5, 1.0)

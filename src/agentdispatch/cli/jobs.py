@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from ..dispatch import Submission
 from ..errors import InvalidInput
@@ -26,7 +27,8 @@ def _emit(data: Any, as_json: bool, human: Any) -> None:
 
 
 def _table(items: list[WorkItem]) -> None:
-    table = Table("job_id", "kind", "status", "attempt", "session", "reason")
+    table = Table("kind", "status", "attempt", "session", "reason")
+    table.columns.insert(0, Column("job_id", no_wrap=True, min_width=41))
     for it in items:
         table.add_row(it.id, it.kind, it.status.value, str(it.attempt), it.session_id, it.reason or "")
     Console().print(table)
@@ -37,7 +39,7 @@ def register(main: click.Group) -> None:
 
     @main.command()
     @click.argument("kind")
-    @click.option("--payload", default="null", help="JSON payload (max 1 MiB).")
+    @click.option("--payload", default="null", help="JSON payload (max 1 MiB), or @file to read it.")
     @click.option("--session", "session_id", default=None, help="Serial scope (default: the job id).")
     @click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
     @click.option(
@@ -54,6 +56,12 @@ def register(main: click.Group) -> None:
         obj: App, /, kind: str, payload: str, tenant: str, as_json: bool, app_spec: str | None, **kw: Any
     ) -> None:
         """Submit one turn and print its job handle."""
+        if payload.startswith("@"):
+            # Large payloads come from a file: one argv string is capped at 128 KiB.
+            try:
+                payload = Path(payload[1:]).read_text()
+            except OSError as exc:
+                raise InvalidInput(f"--payload file cannot be read ({exc.strerror})") from None
         try:
             body = json.loads(payload)
         except ValueError:
