@@ -251,3 +251,15 @@ def _dead_letter(h: Harness, tenant: str) -> str:
     h.store.commit(claim.lease, Outcome(ok=False, error="always fails", dead_letter_reason="handler_error"))
     assert h.store.get(handle.job_id, tenant).status is Status.DEAD_LETTER
     return handle.job_id
+
+
+def test_doctor_includes_the_gateway_view_without_paths(gw: Gateway) -> None:
+    from e2e.gatewayproc import cli
+
+    out = cli(gw.data_dir, "doctor")
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = {ln.split(":")[0]: ln for ln in out.stdout.splitlines()}
+    assert lines["OK   gateway"].startswith("OK   gateway: app builds")
+    assert "dashboard assets present" in lines["OK   gateway"]
+    assert lines["OK   gateway_tokens"]
+    assert str(gw.data_dir) not in out.stdout and str(Path.home()) not in out.stdout

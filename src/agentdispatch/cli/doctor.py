@@ -71,6 +71,9 @@ def run_checks(obj: App) -> list[Check]:
     checks.append(_try("transport", transport_ping))
     checks.append(_try("queue_depth", lambda: f"{obj.transport.depth()} unclaimed of max {s.max_depth}"))
     checks.append(_try("workers", lambda: f"{len(obj.store.workers())} live"))
+    from .gateway import gateway_checks
+
+    checks.extend(gateway_checks(obj))
     return checks
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import secrets
 import sys
+from typing import Any
 
 import click
 
@@ -11,6 +13,36 @@ from .app import App
 HOST = click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 GATEWAY_PORT = click.option("--port", type=click.IntRange(0, 65535), default=8080, show_default=True)
 MCP_PORT = click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
+
+
+def gateway_checks(obj: App) -> list[Any]:
+    """Doctor lines for the gateway: the app builds with its dashboard assets,
+    and the token table answers. Optional extra: absent is not a failure."""
+    from .doctor import Check, _try
+
+    try:
+        import fastapi  # noqa: F401
+        import mcp  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        return [Check("gateway", True, f"not installed ({exc.name} missing): pip install 'agentdispatch[gateway]'")]
+
+    def app() -> str:
+        from ..gateway import Services, create_app
+        from ..gateway.app import _ASSETS, _asset
+
+        paths = create_app(Services.of(obj.settings, obj.store, obj.transport)).openapi()["paths"]
+        sizes = [len(_asset(name)) for name in ("index.html", *_ASSETS)]
+        return f"app builds, {len(paths)} API paths, dashboard assets present ({sum(sizes)} bytes)"
+
+    def tokens() -> str:
+        from ..gateway.auth import hash_token
+
+        # A random hash cannot match: this only proves the table is readable.
+        obj.store.token_lookup(hash_token(secrets.token_hex(16)))
+        return "token table readable; tokens stored hashed"
+
+    return [_try("gateway", app), _try("gateway_tokens", tokens)]
 
 
 def register(main: click.Group) -> None:
