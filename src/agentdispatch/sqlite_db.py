@@ -44,6 +44,9 @@ class SqliteDb:
                     "the SQLite file system does not support WAL; set AGENT_DISPATCH_DATA_DIR to a local disk"
                 )
             conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
+            # Hot pages (queue head, index leaves) are rewritten by every turn:
+            # checkpointing less often writes each of them to the file once.
+            conn.execute("PRAGMA wal_autocheckpoint = 10000")
             conn.execute("PRAGMA foreign_keys = OFF")
         except (sqlite3.Error, OSError) as exc:
             raise TaskQueueUnavailable(

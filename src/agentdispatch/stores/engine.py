@@ -204,7 +204,9 @@ def claim(tx: Tx, job_id: str, tenant: str, owner: str, ttl_s: float) -> Claim:
     item = wi.claim(item, owner=owner, token=token, now=now, ttl_s=ttl_s)
     lease = wi.lease_of(item)
     item = wi.start(item, lease, now)
-    _save(tx, item, "claimed", owner)
+    # No event row here: the attempt is recorded by its commit (or by the
+    # lease_expired event if it dies), which keeps the hot path to one insert.
+    tx.save(item)
     return Claim(ClaimKind.CLAIMED, item, lease)
 
 
@@ -229,7 +231,7 @@ def commit(tx: Tx, lease: Lease, outcome: Outcome, backoff_s: float | None = Non
     done = wi.commit(item, lease, outcome, now, delay)
     if done is item:
         return item
-    detail = None if outcome.ok else (outcome.error or "")[:500]
+    detail = lease.owner if outcome.ok else f"{lease.owner}: {(outcome.error or '')[:500]}"
     _save(tx, done, "committed", detail)
     if done.status is Status.READY:
         _make_ready(tx, done, now)
