@@ -263,3 +263,18 @@ def test_doctor_includes_the_gateway_view_without_paths(gw: Gateway) -> None:
     assert "dashboard assets present" in lines["OK   gateway"]
     assert lines["OK   gateway_tokens"]
     assert str(gw.data_dir) not in out.stdout and str(Path.home()) not in out.stdout
+
+
+def test_oversized_bodies_are_413_and_change_nothing(api: httpx.Client, harness: Harness) -> None:
+    before = harness.store.counts(None)
+    big = b'{"kind": "echo", "payload": "' + b"x" * (3 * 1024 * 1024) + b'"}'
+    r = api.post("/v1/jobs", content=big, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"] == "body_too_large"
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: counted while streaming
+        yield big[: 1024 * 1024]
+        yield big[1024 * 1024 :]
+
+    r = api.post("/v1/jobs", content=chunks(), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"] == "body_too_large"
+    assert harness.store.counts(None) == before

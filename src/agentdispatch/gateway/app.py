@@ -8,14 +8,59 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from . import api, errors, ops
+from . import api, errors, intake, ops
 from .auth import Caller, authenticate
 from .services import Services
 
 _ASSETS = {"app.js": "text/javascript", "app.css": "text/css"}
 #: The dashboard only talks to its own origin and never runs inline code.
 _CSP = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'"
+
+
+#: A 1 MiB payload plus its JSON envelope fits; anything larger is refused unread.
+MAX_BODY_BYTES = 2 * 1024 * 1024
+
+
+class BodyLimit:
+    """413 for request bodies over :data:`MAX_BODY_BYTES`, before buffering them."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"0")
+        if declared.isdigit() and int(declared) > self.limit:
+            await errors.map_exception(_too_large(self.limit))(scope, receive, send)
+            return
+        seen, exceeded = 0, False
+
+        async def counted() -> Message:
+            nonlocal seen, exceeded
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:  # chunked bodies have no Content-Length to check up front
+                exceeded = True
+                raise _too_large(self.limit)
+            return message
+
+        async def guarded(message: Message) -> None:
+            # FastAPI turns a failed body read into its own 400; answer 413 instead.
+            if not exceeded:
+                await send(message)
+            elif message["type"] == "http.response.start":
+                await errors.map_exception(_too_large(self.limit))(scope, receive, send)
+
+        await self.app(scope, counted, guarded)
+
+
+def _too_large(limit: int) -> errors.ApiError:
+    return errors.ApiError(413, "body_too_large", f"request bodies are limited to {limit} bytes")
 
 
 def _asset(name: str) -> bytes:
@@ -31,6 +76,7 @@ def create_app(services: Services) -> FastAPI:
         "Every data route needs `Authorization: Bearer <token>` (a token is bound to one tenant).",
     )
     app.state.services = services
+    app.add_middleware(BodyLimit)
     errors.install(app)
     bearer = HTTPBearer(auto_error=False, description="A token from `agentdispatch token create --tenant T`.")
 
@@ -44,7 +90,7 @@ def create_app(services: Services) -> FastAPI:
     app.include_router(api.build_router(services, caller))
     app.include_router(ops.build_router(services, caller))
     # Durable intake (another module) plugs in here with one line:
-    # app.include_router(intake.build_router(services))
+    app.include_router(intake.build_router(services))
     _dashboard(app)
     return app
 
