@@ -1,0 +1,101 @@
+"""Installations, agents and routes: what ``agentdispatch intake`` manages."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any
+
+from .credentials import FILE_REF, seal
+from .store import IntakeStore
+
+CONNECTORS = ("slack", "telegram", "twilio")
+DEFAULT_API = {
+    "slack": "https://slack.com/api",
+    "telegram": "https://api.telegram.org",
+    "twilio": "https://api.twilio.com",
+}
+#: Which credentials each connector needs.
+NEEDS = {"slack": ("signing_secret", "bot_token"), "telegram": ("secret_token", "bot_token"), "twilio": ("auth_token",)}
+_SAFE = re.compile(r"^[A-Za-z0-9_.:+@-]{1,200}$")
+
+
+def installation_id(connector: str, external_id: str) -> str:
+    """The stable id of an installation."""
+    return "inst-" + hashlib.sha256(f"{connector}\0{external_id}".encode()).hexdigest()[:16]
+
+
+def install(
+    istore: IntakeStore,
+    *,
+    connector: str,
+    external_id: str,
+    route_key: str,
+    tenant: str,
+    master_key: str | None,
+    secrets: dict[str, str] | None = None,
+    reference: str | None = None,
+    bot_user_id: str = "",
+    api_base: str = "",
+    public_url: str = "",
+) -> str:
+    """Create or update an installation; credentials are sealed or a ``file:`` reference."""
+    if connector not in CONNECTORS:
+        raise ValueError(f"connector must be one of {', '.join(CONNECTORS)}")
+    for value in (external_id, route_key, tenant):
+        if not _SAFE.match(value):
+            raise ValueError("ids and tenant: 1-200 of A-Z a-z 0-9 _ . : + @ -")
+    inst_id = installation_id(connector, external_id)
+    if reference is not None:
+        if not reference.startswith(FILE_REF):
+            raise ValueError("a credential reference looks like file:/path/to/credentials.json")
+        stored = reference
+    else:
+        missing = [k for k in NEEDS[connector] if not (secrets or {}).get(k)]
+        if missing:
+            raise ValueError(f"missing credentials: {', '.join(missing)}")
+        stored = seal(master_key, inst_id, dict(secrets or {}))
+    with istore.tx() as sql:
+        sql.run(
+            "inst_upsert",
+            id=inst_id,
+            connector=connector,
+            external_id=external_id,
+            route_key=route_key,
+            tenant=tenant,
+            credentials=stored,
+            bot_user_id=bot_user_id,
+            api_base=(api_base or DEFAULT_API[connector]).rstrip("/"),
+            public_url=public_url.rstrip("/"),
+            now=sql.now(),
+        )
+    return inst_id
+
+
+def set_installation_status(istore: IntakeStore, inst_id: str, status: str) -> bool:
+    """Stop or restart an installation; False when unknown."""
+    with istore.tx() as sql:
+        return sql.run("inst_set_status", id=inst_id, status=status, now=sql.now()) == 1
+
+
+def set_agent(istore: IntakeStore, name: str, *, enabled: bool) -> None:
+    """Create an agent or change whether it is enabled."""
+    if not _SAFE.match(name):
+        raise ValueError("agent names: 1-200 of A-Z a-z 0-9 _ . : + @ -")
+    with istore.tx() as sql:
+        sql.run("agent_upsert", name=name, enabled=1 if enabled else 0, now=sql.now())
+
+
+def set_route(istore: IntakeStore, inst_id: str, channel: str, agent: str | None) -> None:
+    """Route a channel (``*``: every channel) of an installation to an agent; None removes it."""
+    with istore.tx() as sql:
+        if agent is None:
+            sql.run("route_delete", installation_id=inst_id, channel=channel)
+        else:
+            sql.run("route_set", installation_id=inst_id, channel=channel, agent=agent, now=sql.now())
+
+
+def listing(istore: IntakeStore, what: str) -> list[dict[str, Any]]:
+    """``installations``, ``agents``, ``routes`` or ``receipts`` (states), content-free."""
+    name = {"installations": "inst_list", "agents": "agent_list", "routes": "route_list", "receipts": "receipt_states"}
+    return istore.read(name[what])

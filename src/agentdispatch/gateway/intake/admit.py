@@ -1,0 +1,142 @@
+"""The one transaction of the request path: the receipt under its unique source
+identity plus its WorkItem, or the original answer of a duplicate."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ...stores import engine
+from ...stores.base import NewJob
+from .answers import Answer
+from .envelope import IntakeEnvelope
+from .store import IntakeStore, Sql
+
+KIND = "intake_turn"
+BACKLOG_PER_AGENT = 256
+
+
+class Abandoned(Exception):
+    """The request already answered 503: roll the transaction back."""
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """An authenticated delivery, ready to be recorded."""
+
+    connector: str
+    source_id: str
+    body: bytes
+    answer: Answer
+    installation: dict[str, Any] | None = None
+    envelope: IntakeEnvelope | None = None
+    state: str = "accepted"  # accepted | rejected | recorded
+    reason: str | None = None
+    conversation: str = ""
+    retry_num: int = 0
+    retry_reason: str | None = None
+
+    @property
+    def sha256(self) -> str:
+        """Hash of the raw bytes (duplicates with other bytes are mismatches)."""
+        return hashlib.sha256(self.body).hexdigest()
+
+
+def job_id_of(connector: str, source_id: str) -> str:
+    """The deterministic WorkItem id of one source identity."""
+    return "intake-" + hashlib.sha256(f"{connector}\0{source_id}".encode()).hexdigest()[:32]
+
+
+def answer_of(row: dict[str, Any]) -> Answer:
+    """The stored answer of a receipt."""
+    return Answer(int(row["answer_status"]), str(row["answer_type"]), str(row["answer_body"]))
+
+
+def _duplicate(sql: Sql, row: dict[str, Any], digest: str, now: float) -> Answer:
+    if row["body_sha256"] != digest:
+        sql.run("mismatch_insert", receipt_id=row["id"], body_sha256=digest, now=now)
+        sql.run("mismatch_bump", receipt_id=row["id"])
+    return answer_of(row)
+
+
+def _agent(sql: Sql, inst: dict[str, Any] | None, env: IntakeEnvelope | None) -> str:
+    if inst is None or env is None:
+        return ""
+    row = sql.one("route_resolve", installation_id=inst["id"], channel=env.channel)
+    return "" if row is None else str(row["agent"])
+
+
+def admit(
+    istore: IntakeStore,
+    inc: Incoming,
+    *,
+    max_depth: int,
+    max_attempts: int,
+    rejected: Answer,
+    abandoned: threading.Event,
+    backlog: int = BACKLOG_PER_AGENT,
+) -> Answer:
+    """Record ``inc`` (and create its WorkItem) in one durable transaction."""
+    digest = inc.sha256
+    with istore.tx(durable=True) as sql:
+        now = sql.now()
+        existing = sql.one("receipt_by_source", connector=inc.connector, source_id=inc.source_id)
+        if existing is not None:
+            return _duplicate(sql, existing, digest, now)
+        state, reason, answer, job_id = inc.state, inc.reason, inc.answer, None
+        agent = _agent(sql, inc.installation, inc.envelope)
+        if state == "accepted":
+            if sql.dialect == "postgres":
+                sql.one("agent_lock", key=f"intake:{agent}")
+            if sql.count("backlog", agent=agent) >= backlog:
+                state, reason, answer = "rejected", "backlog_full", rejected
+            else:
+                job_id = job_id_of(inc.connector, inc.source_id)
+        env = inc.envelope.with_receipt_time(now) if inc.envelope is not None else None
+        inst = inc.installation or {}
+        row = sql.one(
+            "receipt_insert",
+            id=job_id or job_id_of(inc.connector, inc.source_id).replace("intake-", "rcpt-"),
+            connector=inc.connector,
+            source_id=inc.source_id,
+            installation_id=inst.get("id", ""),
+            tenant=inst.get("tenant", ""),
+            state=state,
+            reason=reason,
+            job_id=job_id,
+            agent=agent,
+            conversation=env.conversation if env else inc.conversation,
+            sender=env.sender if env else "",
+            message_key=env.message_key if env else "",
+            body_sha256=digest,
+            body_size=len(inc.body),
+            envelope=env.to_json() if env else None,
+            raw=base64.b64encode(inc.body).decode(),
+            answer_status=answer.status,
+            answer_type=answer.media_type,
+            answer_body=answer.body,
+            retry_num=inc.retry_num,
+            retry_reason=inc.retry_reason,
+            now=now,
+        )
+        if row is None:  # a concurrent copy committed first (PostgreSQL)
+            existing = sql.one("receipt_by_source", connector=inc.connector, source_id=inc.source_id)
+            assert existing is not None
+            return _duplicate(sql, existing, digest, now)
+        if job_id is not None and env is not None:
+            job = NewJob(
+                job_id=job_id,
+                tenant=str(inst.get("tenant", "")),
+                session_id=f"intake:{inst.get('id', '')}:{env.conversation}",
+                kind=KIND,
+                payload={"receipt": job_id},
+                max_attempts=max_attempts,
+                agent_name=agent,
+            )
+            engine.submit(sql.tx, [job], max_depth)
+        if abandoned.is_set():
+            raise Abandoned()
+        return answer

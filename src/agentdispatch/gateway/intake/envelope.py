@@ -1,0 +1,64 @@
+"""The versioned, normalised intake envelope every connector produces."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class IntakeEnvelope:
+    """One inbound provider event, normalised (references, never media bytes)."""
+
+    connector: str
+    installation: str
+    source_id: str
+    conversation: str
+    sender: str
+    text: str
+    channel: str = ""
+    message_key: str = ""
+    kind: str = "message"
+    attachments: tuple[str, ...] = ()
+    provider_ts: float | None = None
+    received_at: float = 0.0
+    is_dm: bool = False
+    mentions_bot: bool = False
+    self_authored: bool = False
+    thread: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    version: int = VERSION
+
+    def to_json(self) -> str:
+        """Canonical JSON (sorted keys)."""
+        data = asdict(self)
+        data["attachments"] = list(self.attachments)
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> IntakeEnvelope:
+        """Parse an envelope written by :meth:`to_json` (any known version)."""
+        data = json.loads(text)
+        if int(data.get("version", 0)) != VERSION:
+            raise ValueError(f"unknown intake envelope version {data.get('version')!r}")
+        data["attachments"] = tuple(data.get("attachments") or ())
+        return cls(**data)
+
+    def with_receipt_time(self, received_at: float) -> IntakeEnvelope:
+        """The same envelope stamped with the database receipt time."""
+        data = asdict(self)
+        data["attachments"] = self.attachments
+        data["received_at"] = received_at
+        return IntakeEnvelope(**data)
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Authenticated input that can never be accepted (stored, answered 200)."""
+
+    reason: str
+    source_id: str
+    conversation: str = ""

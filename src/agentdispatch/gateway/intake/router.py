@@ -1,0 +1,287 @@
+"""``build_router(services)``: the Slack, Telegram and Twilio webhooks.
+
+Request path, in order: read the body (1 MiB cap, read deadline), authenticate
+the raw bytes, resolve the installation from authenticated identifiers only,
+normalise, then one durable transaction (receipt + WorkItem), and only then
+answer. Everything else happens in the worker (:mod:`.handler`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from ..errors import RETRY_AFTER_S, is_outage
+from ..services import Services
+from . import slack, telegram, twilio
+from .admit import Abandoned, Incoming, admit, answer_of
+from .answers import Answer, ok, twiml
+from .body import BodyRejected, read_capped
+from .credentials import CredentialError, open_credentials
+from .envelope import Rejection
+from .store import IntakeStore
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Unavailable(Exception):
+    """The store failed or was too slow: answer 503 so the provider retries."""
+
+
+def _send(answer: Answer) -> Response:
+    return Response(answer.body, status_code=answer.status, media_type=answer.media_type, headers=answer.headers)
+
+
+class Intake:
+    """The request-path steps shared by the three connectors."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        # Store calls leave the event loop; a slow one is abandoned, not awaited.
+        self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="intake")
+
+    @property
+    def istore(self) -> IntakeStore:
+        return IntakeStore(self.services.store)
+
+    def secrets(self, inst: dict[str, Any]) -> dict[str, Any]:
+        key = self.services.settings.intake_key
+        return open_credentials(key.get_secret_value() if key else None, inst["id"], inst["credentials"])
+
+    async def db(self, fn: Callable[[threading.Event], T]) -> T:
+        """Run ``fn`` in the pool; past the commit timeout answer 503 and tell
+        ``fn`` (through the event) to roll back instead of committing late."""
+        abandoned = threading.Event()
+        fut = asyncio.get_running_loop().run_in_executor(self.pool, fn, abandoned)
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), self.services.settings.intake_commit_timeout_s)
+        except TimeoutError:
+            abandoned.set()
+            fut.add_done_callback(lambda f: f.exception())  # consumed: no "never retrieved" noise
+            raise Unavailable() from None
+        except Abandoned:
+            raise Unavailable() from None
+        except Exception as exc:
+            if is_outage(exc) or type(exc).__name__ == "QueueFull":
+                raise Unavailable() from None
+            raise
+
+    async def installations(self, connector: str, route_key: str) -> list[dict[str, Any]]:
+        return await self.db(lambda _: self.istore.read("inst_by_route", connector=connector, route_key=route_key))
+
+    async def record(self, inc: Incoming, rejected: Answer) -> Answer:
+        s = self.services.settings
+        return await self.db(
+            lambda abandoned: admit(
+                self.istore,
+                inc,
+                max_depth=s.max_depth,
+                max_attempts=s.max_attempts,
+                rejected=rejected,
+                abandoned=abandoned,
+            )
+        )
+
+    async def body(self, request: Request) -> bytes:
+        return await read_capped(request, timeout_s=self.services.settings.intake_body_timeout_s)
+
+
+def _unavailable(answer: Answer | None = None) -> Response:
+    if answer is not None:
+        return _send(answer)
+    return Response("unavailable, retry later", status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+def _digest_source(prefix: str, body: bytes) -> str:
+    return f"{prefix}:malformed:{hashlib.sha256(body).hexdigest()[:32]}"
+
+
+def build_router(services: Services) -> APIRouter:
+    """The intake webhooks (provider-authenticated; no bearer tokens)."""
+    router = APIRouter(prefix="/intake", tags=["intake"])
+    intake = Intake(services)
+
+    @router.post("/slack/{app_id}", include_in_schema=False)
+    async def slack_events(app_id: str, request: Request) -> Response:
+        no_retry = {"X-Slack-No-Retry": "1"}
+        try:
+            body = await intake.body(request)
+            insts = await intake.installations("slack", app_id)
+        except BodyRejected as exc:
+            return Response(str(exc), status_code=exc.status, headers=no_retry)
+        except Unavailable:
+            return _unavailable()
+        now = time.time()
+
+        def signed(inst: dict[str, Any]) -> Callable[[], bool]:
+            return lambda: slack.verify(intake.secrets(inst)["signing_secret"], request.headers, body, now)
+
+        verified = [i for i in insts if _try(signed(i))]
+        if not verified:
+            return Response("invalid signature", status_code=401)
+        doc = slack.parse(body)
+        if doc is not None and doc.get("type") == "url_verification":
+            return Response(_json({"challenge": str(doc.get("challenge", ""))}), media_type="application/json")
+        retry = int(request.headers.get("x-slack-retry-num", "0") or 0)
+        reason_hdr = request.headers.get("x-slack-retry-reason")
+        rejected = Answer(200, headers=no_retry)
+        inc: Incoming
+        if doc is None:
+            inc = Incoming("slack", _digest_source(app_id, body), body, rejected, state="rejected", reason="malformed")
+        else:
+            team = slack.team_of(doc)
+            inst = next((i for i in verified if i["external_id"] == f"{app_id}:{team}"), None)
+            if str(doc.get("api_app_id", "")) != app_id or inst is None:
+                event_id = str(doc.get("event_id", "")) or hashlib.sha256(body).hexdigest()[:32]
+                source = f"{doc.get('api_app_id', '')}:{team}:{event_id}"
+                inc = Incoming("slack", source, body, rejected, state="rejected", reason="unknown_installation")
+            else:
+                bots = frozenset(b for b in str(inst["bot_user_id"]).split(",") if b)
+                got = slack.normalise(doc, inst["id"], bots)
+                inc = _incoming("slack", got, body, ok(), rejected, inst, app_id)
+        inc = Incoming(**{**inc.__dict__, "retry_num": retry, "retry_reason": reason_hdr})
+        try:
+            return _send(await intake.record(inc, rejected))
+        except Unavailable:
+            return _unavailable()
+
+    @router.post("/telegram/{bot_id}", include_in_schema=False)
+    async def telegram_update(bot_id: str, request: Request) -> Response:
+        try:
+            body = await intake.body(request)
+            insts = [i for i in await intake.installations("telegram", bot_id) if i["external_id"] == bot_id]
+        except BodyRejected as exc:
+            return Response(str(exc), status_code=exc.status)
+        except Unavailable:
+            return _unavailable()
+        inst = insts[0] if insts else None
+        if inst is None or not _try(lambda: telegram.verify(intake.secrets(inst)["secret_token"], request.headers)):
+            return Response("invalid secret token", status_code=401)
+        doc = telegram.parse(body)
+        if doc is None:
+            inc = Incoming(
+                "telegram", _digest_source(bot_id, body), body, ok(), inst, state="rejected", reason="malformed"
+            )
+        else:
+            got = telegram.normalise(doc, bot_id, inst["id"], str(inst["bot_user_id"]))
+            inc = _incoming("telegram", got, body, ok(), ok(), inst, bot_id)
+        try:
+            return _send(await intake.record(inc, ok()))
+        except Unavailable:
+            return _unavailable()
+
+    async def twilio_auth(account: str, request: Request) -> tuple[bytes, dict[str, Any], dict[str, str]] | Response:
+        try:
+            body = await intake.body(request)
+            insts = await intake.installations("twilio", account)
+        except BodyRejected as exc:
+            return Response(str(exc), status_code=exc.status)
+        except Unavailable:
+            return _unavailable()
+        query = request.url.query
+        for inst in insts:
+            url = str(inst["public_url"]).rstrip("/") + request.url.path + (f"?{query}" if query else "")
+            if _try(lambda: twilio.verify(intake.secrets(inst)["auth_token"], url, request.headers, body)):  # noqa: B023
+                params = twilio.params_of(body, url)
+                if params is None or params.get("AccountSid") != account:
+                    return Response("malformed", status_code=400)
+                match = next((i for i in insts if i["external_id"] == f"{account}:{params.get('To', '')}"), inst)
+                return body, match, params
+        return Response("invalid signature", status_code=403)
+
+    @router.post("/twilio/{account}/sms", include_in_schema=False)
+    async def twilio_sms(account: str, request: Request) -> Response:
+        got = await twilio_auth(account, request)
+        if isinstance(got, Response):
+            return got
+        body, inst, params = got
+        inc = _incoming("twilio", twilio.sms(params, inst["id"]), body, twiml(), twiml(), inst, account)
+        try:
+            return _send(await intake.record(inc, twiml()))
+        except Unavailable:
+            return _unavailable()
+
+    @router.post("/twilio/{account}/voice", include_in_schema=False)
+    async def twilio_voice(account: str, request: Request) -> Response:
+        got = await twilio_auth(account, request)
+        if isinstance(got, Response):
+            return got
+        body, inst, params = got
+        step = int(request.query_params.get("step", "0") or 0)
+        base = f"{str(inst['public_url']).rstrip('/')}/intake/twilio/{account}"
+        call = params.get("CallSid", "")
+        norm = twilio.voice(params, inst["id"], step)
+        if isinstance(norm, Rejection) and norm.reason in ("greeting", "no_speech"):
+            say = "Hello, how can I help?" if step == 0 else "Sorry, I did not catch that."
+            inc = Incoming("twilio", norm.source_id, body, twilio.gather(base, step + 1, say), inst,
+                           state="recorded", reason=norm.reason, conversation=call)  # fmt: skip
+        else:
+            inc = _incoming("twilio", norm, body, twilio.hold(base, call, step, 1), twilio.apology(), inst, account)
+        try:
+            return _send(await intake.record(inc, twilio.apology()))
+        except Unavailable:
+            return _unavailable(twilio.apology("Sorry, please call again in a minute."))
+
+    @router.post("/twilio/{account}/voice/status", include_in_schema=False)
+    async def twilio_voice_status(account: str, request: Request) -> Response:
+        got = await twilio_auth(account, request)
+        if isinstance(got, Response):
+            return got
+        _body, inst, _params = got
+        q = request.query_params
+        step, poll, call = int(q.get("step", "1") or 1), int(q.get("poll", "1") or 1), q.get("call", "")
+        base = f"{str(inst['public_url']).rstrip('/')}/intake/twilio/{account}"
+        try:
+            row = await intake.db(lambda _: intake.istore.receipt_by_source("twilio", f"{account}:{call}:{step}"))
+        except Unavailable:
+            return _unavailable(twilio.apology("Sorry, please call again in a minute."))
+        if row is None or row["state"] == "rejected":
+            return _send(twilio.apology() if row is None else answer_of(row))
+        if row["reply"]:
+            return _send(twilio.gather(base, step + 1, str(row["reply"])))
+        if row["finished_at"] is not None or poll >= 10:
+            return _send(twilio.apology("Sorry, I have no answer for that."))
+        return _send(twilio.hold(base, call, step, poll + 1))
+
+    return router
+
+
+def _incoming(
+    connector: str,
+    got: Any,
+    body: bytes,
+    accepted: Answer,
+    rejected: Answer,
+    inst: dict[str, Any],
+    prefix: str,
+) -> Incoming:
+    if isinstance(got, Rejection):
+        source = got.source_id or _digest_source(prefix, body)
+        state = "recorded" if got.reason == "status_callback" else "rejected"
+        return Incoming(connector, source, body, rejected, inst, state=state, reason=got.reason)
+    return Incoming(connector, got.source_id, body, accepted, inst, envelope=got)
+
+
+def _try(check: Callable[[], bool]) -> bool:
+    """A verification that cannot open its credentials is a failed one."""
+    try:
+        return check()
+    except (CredentialError, KeyError):
+        log.warning("intake: an installation's credentials cannot be opened")
+        return False
+
+
+def _json(data: dict[str, str]) -> str:
+    import json
+
+    return json.dumps(data)

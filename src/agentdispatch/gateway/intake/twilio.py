@@ -1,0 +1,126 @@
+"""Twilio SMS and voice webhooks: ``X-Twilio-Signature`` over the configured
+public URL (never the incoming Host header), and normalisation."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from collections.abc import Mapping, Sequence
+from urllib.parse import parse_qsl, urlsplit
+from xml.sax.saxutils import escape
+
+from .answers import Answer, twiml
+from .envelope import IntakeEnvelope, Rejection
+
+HEADER = "x-twilio-signature"
+
+
+def sign(auth_token: str, url: str, params: Sequence[tuple[str, str]] = ()) -> str:
+    """The signature Twilio sends: HMAC-SHA1 of the URL plus sorted name+value pairs."""
+    data = url + "".join(k + v for k, v in sorted(params))
+    return base64.b64encode(hmac.new(auth_token.encode(), data.encode(), hashlib.sha1).digest()).decode()
+
+
+def form(body: bytes) -> list[tuple[str, str]] | None:
+    """The POST parameters of a form body, or None when it is not one."""
+    try:
+        return parse_qsl(body.decode(), keep_blank_values=True, strict_parsing=bool(body))
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+def verify(auth_token: str, url: str, headers: Mapping[str, str], body: bytes) -> bool:
+    """Signature over ``url`` (public base + path + query): form bodies add
+    their sorted parameters; JSON bodies are pinned by ``bodySHA256`` in the URL."""
+    sig = headers.get(HEADER, "")
+    if not sig or not auth_token:
+        return False
+    query = dict(parse_qsl(urlsplit(url).query, keep_blank_values=True))
+    if "bodySHA256" in query:
+        digest = hashlib.sha256(body).hexdigest()
+        if not hmac.compare_digest(digest.encode(), query["bodySHA256"].encode()):
+            return False
+        return hmac.compare_digest(sign(auth_token, url).encode(), sig.encode())
+    params = form(body)
+    if params is None:
+        return False
+    return hmac.compare_digest(sign(auth_token, url, params).encode(), sig.encode())
+
+
+def params_of(body: bytes, url: str) -> dict[str, str] | None:
+    """The authenticated parameters (form or JSON body), or None when malformed."""
+    if "bodySHA256=" in urlsplit(url).query:
+        try:
+            doc = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return {str(k): str(v) for k, v in doc.items()} if isinstance(doc, dict) else None
+    pairs = form(body)
+    return None if pairs is None else dict(pairs)
+
+
+def sms(p: Mapping[str, str], installation: str) -> IntakeEnvelope | Rejection:
+    """An inbound SMS; status callbacks are recorded, never triggers."""
+    acct, sid = p.get("AccountSid", ""), p.get("MessageSid") or p.get("SmsSid") or ""
+    if not acct or not sid:
+        return Rejection("malformed", "")
+    if "MessageStatus" in p and "Body" not in p:
+        return Rejection("status_callback", f"{acct}:{sid}:{p['MessageStatus']}")
+    sender = p.get("From", "")
+    media = [p[f"MediaUrl{i}"] for i in range(int(p.get("NumMedia", "0") or 0)) if f"MediaUrl{i}" in p]
+    return IntakeEnvelope(
+        connector="twilio",
+        installation=installation,
+        source_id=f"{acct}:{sid}",
+        conversation=sender,
+        sender=sender,
+        text=p.get("Body", ""),
+        channel=p.get("To", ""),
+        message_key=sid,
+        kind="sms",
+        attachments=tuple(f"twilio-media:{m}" for m in media),
+        is_dm=True,
+    )
+
+
+def voice(p: Mapping[str, str], installation: str, step: int) -> IntakeEnvelope | Rejection:
+    """One voice step (CallSid + step); the greeting step is recorded only."""
+    acct, call = p.get("AccountSid", ""), p.get("CallSid", "")
+    if not acct or not call:
+        return Rejection("malformed", "")
+    source = f"{acct}:{call}:{step}"
+    speech = p.get("SpeechResult", "")
+    if step == 0 or not speech:
+        return Rejection("greeting" if step == 0 else "no_speech", source, conversation=call)
+    return IntakeEnvelope(
+        connector="twilio",
+        installation=installation,
+        source_id=source,
+        conversation=call,
+        sender=p.get("From", ""),
+        text=speech,
+        channel=p.get("To", ""),
+        message_key=f"{call}:{step}",
+        kind="voice",
+        is_dm=True,
+        extra={"step": step},
+    )
+
+
+def gather(base: str, step: int, say: str) -> Answer:
+    """Say something and listen for the caller's next words (the next step)."""
+    action = escape(f"{base}/voice?step={step}")
+    return twiml(f'<Gather input="speech" method="POST" action="{action}"><Say>{escape(say)}</Say></Gather>')
+
+
+def hold(base: str, call: str, step: int, poll: int) -> Answer:
+    """A short pause, then ask again whether the turn has its reply."""
+    target = escape(f"{base}/voice/status?step={step}&call={call}&poll={poll}")
+    return twiml(f'<Say>One moment.</Say><Pause length="2"/><Redirect method="POST">{target}</Redirect>')
+
+
+def apology(say: str = "Sorry, we cannot take your call right now. Please try again later.") -> Answer:
+    """Explain and hang up (input that can never be accepted)."""
+    return twiml(f"<Say>{escape(say)}</Say><Hangup/>")
