@@ -7,7 +7,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import ConfigError
@@ -50,6 +50,12 @@ class Settings(BaseSettings):
     renew_interval_s: float = Field(default=30.0, gt=0, alias="AGENT_DISPATCH_RENEW_INTERVAL_S")
     max_attempts: int = Field(default=5, ge=1, alias="AGENT_DISPATCH_MAX_ATTEMPTS")
     app: str | None = Field(default=None, alias="AGENT_DISPATCH_APP")
+    #: Durable intake: the key sealing connector credentials (64 hex characters).
+    intake_key: SecretStr | None = Field(default=None, alias="AGENT_DISPATCH_INTAKE_KEY")
+    #: Durable intake: a receipt commit slower than this answers 503 (providers retry).
+    intake_commit_timeout_s: float = Field(default=2.0, gt=0, le=60, alias="AGENT_DISPATCH_INTAKE_COMMIT_TIMEOUT_S")
+    #: Durable intake: a webhook body not fully read within this cuts the sender off (408).
+    intake_body_timeout_s: float = Field(default=10.0, gt=0, le=120, alias="AGENT_DISPATCH_INTAKE_BODY_TIMEOUT_S")
     mesh_max_turns_per_agent: int = Field(default=4, ge=1, alias="MESH_MAX_TURNS_PER_AGENT")
     mesh_max_turns: int = Field(default=16, ge=1, alias="MESH_MAX_TURNS")
 

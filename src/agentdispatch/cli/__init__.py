@@ -48,9 +48,9 @@ def emit(data: Any, as_json: bool, human: Callable[[], None]) -> None:
 
 
 def _register() -> None:
-    from . import demo, doctor, gateway, jobs, worker
+    from . import demo, doctor, gateway, intake, jobs, worker
 
-    for module in (jobs, worker, demo, doctor, gateway):
+    for module in (jobs, worker, demo, doctor, gateway, intake):
         module.register(main)
 
 
