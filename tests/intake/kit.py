@@ -1,0 +1,132 @@
+"""Helpers of the intake tests: a real gateway subprocess with installations
+made through the real CLI, and provider-side signing."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from agentdispatch.gateway.intake import slack, twilio
+from e2e.gatewayproc import Gateway, cli_env, start_gateway
+
+KEY = "11" * 32
+SLACK_SECRET = "slack-signing-secret"
+TG_SECRET = "tg-secret_TOKEN-1"
+TWILIO_TOKEN = "twilio-auth-token"
+PUBLIC = "https://hooks.example.test"
+APP, TEAM, BOT_USER = "A0APP", "T0TEAM", "U0BOT"
+TG_BOT = "7001"
+ACCOUNT, NUMBER = "AC0001", "+15550001"
+
+
+def env_for(extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {"AGENT_DISPATCH_INTAKE_KEY": KEY, **(extra or {})}
+
+
+def cli(data_dir: Path, *args: str, stdin: str | None = None, **env: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "agentdispatch", *args],
+        env=cli_env(data_dir, **env_for(env)),
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+@dataclass
+class Installations:
+    slack: str
+    telegram: str
+    twilio: str
+
+
+def install_all(data_dir: Path, api_base: str = "", **env: str) -> Installations:
+    """One installation per connector, a default agent and catch-all routes."""
+    extra = ["--api-base", api_base] if api_base else []
+    s = cli(data_dir, "intake", "install", "slack", "--tenant", "acme", "--app-id", APP, "--team-id", TEAM,
+            "--bot-user-id", BOT_USER, *extra, "--credentials-stdin",
+            stdin=json.dumps({"signing_secret": SLACK_SECRET, "bot_token": "xoxb-1"}), **env)  # fmt: skip
+    t = cli(data_dir, "intake", "install", "telegram", "--tenant", "acme", "--bot-id", TG_BOT,
+            "--bot-user-id", "helperbot", *extra, "--credentials-stdin",
+            stdin=json.dumps({"secret_token": TG_SECRET, "bot_token": f"{TG_BOT}:tok"}), **env)  # fmt: skip
+    w = cli(data_dir, "intake", "install", "twilio", "--tenant", "acme", "--account-sid", ACCOUNT, "--number", NUMBER,
+            "--public-url", PUBLIC, *extra, "--credentials-stdin",
+            stdin=json.dumps({"auth_token": TWILIO_TOKEN}), **env)  # fmt: skip
+    cli(data_dir, "intake", "agent", "add", "helper", **env)
+    for inst in (s, t, w):
+        cli(data_dir, "intake", "route", "set", inst, "*", "helper", **env)
+    return Installations(s, t, w)
+
+
+def gateway(data_dir: Path, **env: str) -> Gateway:
+    return start_gateway(data_dir, "--no-auth", **env_for(env))
+
+
+def slack_event(event_id: str, text: str = "<@U0BOT> hello", *, channel: str = "C1", user: str = "U1",
+                etype: str = "app_mention", ts: str = "1700000000.000100", **event: Any) -> bytes:  # fmt: skip
+    doc = {
+        "type": "event_callback",
+        "api_app_id": APP,
+        "team_id": TEAM,
+        "event_id": event_id,
+        "event_time": 1700000000,
+        "event": {"type": etype, "channel": channel, "user": user, "text": text, "ts": ts, **event},
+    }
+    return json.dumps(doc).encode()
+
+
+def slack_headers(body: bytes, *, secret: str = SLACK_SECRET, at: float | None = None) -> dict[str, str]:
+    ts = str(int(time.time() if at is None else at))
+    return {"X-Slack-Request-Timestamp": ts, "X-Slack-Signature": slack.sign(secret, ts, body),
+            "Content-Type": "application/json"}  # fmt: skip
+
+
+def post_slack(c: httpx.Client, body: bytes, **headers: str) -> httpx.Response:
+    return c.post(f"/intake/slack/{APP}", content=body, headers={**slack_headers(body), **headers})
+
+
+def tg_update(update_id: int, text: str = "hi", *, chat: int = 42, user: int = 9, private: bool = True) -> bytes:
+    msg = {"message_id": update_id * 10, "date": 1700000000, "text": text, "from": {"id": user},
+           "chat": {"id": chat, "type": "private" if private else "group"}}  # fmt: skip
+    return json.dumps({"update_id": update_id, "message": msg}).encode()
+
+
+def post_tg(c: httpx.Client, body: bytes, secret: str = TG_SECRET) -> httpx.Response:
+    return c.post(f"/intake/telegram/{TG_BOT}", content=body,
+                  headers={"X-Telegram-Bot-Api-Secret-Token": secret, "Content-Type": "application/json"})  # fmt: skip
+
+
+def sms_params(sid: str, body: str = "hello", sender: str = "+15559999") -> list[tuple[str, str]]:
+    return [("AccountSid", ACCOUNT), ("MessageSid", sid), ("From", sender), ("To", NUMBER), ("Body", body)]
+
+
+def post_twilio(c: httpx.Client, path: str, params: list[tuple[str, str]], *, query: str = "",
+                token: str = TWILIO_TOKEN, host: str | None = None) -> httpx.Response:  # fmt: skip
+    url = f"{PUBLIC}/intake/twilio/{ACCOUNT}/{path}" + (f"?{query}" if query else "")
+    headers = {"X-Twilio-Signature": twilio.sign(token, url, params)}
+    if host:
+        headers["Host"] = host
+    target = f"/intake/twilio/{ACCOUNT}/{path}" + (f"?{query}" if query else "")
+    return c.post(target, data=dict(params), headers=headers)
+
+
+def db(data_dir: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(data_dir / "agent_dispatch_queue.db", timeout=30)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def count(data_dir: Path, sql: str, *args: Any) -> int:
+    with db(data_dir) as conn:
+        return int(conn.execute(sql, args).fetchone()[0])
