@@ -160,7 +160,8 @@ def bench_submit_and_drain(turns: int, batch: int, threads: int) -> None:
 
 
 def fill(uri: str, n: int) -> None:
-    """``n`` queued rows over 10,000 tenants and 100,000 sessions (1 tenant per session)."""
+    """``n`` queued rows over 10,000 tenants and 100,000 sessions (1 tenant per session;
+    fewer when ``n`` is smaller)."""
     with psycopg.connect(uri, autocommit=True) as c:
         step = 200_000
         for lo in range(1, n + 1, step):
@@ -183,6 +184,13 @@ def claim_latency(uri: str, samples: int) -> list[float]:
             row = c.execute(GET, {"owner": "bench:0", "vis": 60.0}).fetchone()
             lat.append(time.perf_counter() - t0)
             assert row is not None
+            # Replace the claimed row (same session, later in it): the backlog stays constant.
+            c.execute(
+                "INSERT INTO agent_dispatch_queue (job_id, item_seq, session_ref, tenant_ref, group_ref, priority, "
+                "envelope, enqueued_at, visible_at) SELECT job_id || 'r', item_seq + 100000000, session_ref, "
+                "tenant_ref, group_ref, priority, envelope, 0, 0 FROM agent_dispatch_queue WHERE id = %s",
+                (row[0],),
+            )
             c.execute("DELETE FROM agent_dispatch_queue WHERE id = %s", (row[0],))
     return lat
 
