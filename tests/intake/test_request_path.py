@@ -1,0 +1,281 @@
+"""The request path against a real gateway subprocess on a real SQLite store."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agentdispatch.gateway.intake import twilio
+from e2e.gatewayproc import Gateway
+from intake.kit import (
+    ACCOUNT,
+    APP,
+    NUMBER,
+    PUBLIC,
+    TG_BOT,
+    TWILIO_TOKEN,
+    count,
+    db,
+    gateway,
+    install_all,
+    post_slack,
+    post_tg,
+    post_twilio,
+    slack_event,
+    slack_headers,
+    sms_params,
+    tg_update,
+)
+
+
+@dataclass
+class Live:
+    gw: Gateway
+    data: Path
+    c: httpx.Client
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    data = tmp_path_factory.mktemp("intake") / "data"
+    install_all(data)
+    gw = gateway(data, AGENT_DISPATCH_INTAKE_BODY_TIMEOUT_S="2", AGENT_DISPATCH_INTAKE_COMMIT_TIMEOUT_S="1")
+    with gw.client() as c:
+        yield Live(gw, data, c)
+    gw.stop()
+
+
+def receipts(live: Live, source: str) -> int:
+    return count(live.data, "SELECT count(*) FROM intake_receipts WHERE source_id = ?", source)
+
+
+def items_of(live: Live, source: str) -> int:
+    sql = "SELECT count(*) FROM work_items w JOIN intake_receipts r ON r.job_id = w.id WHERE r.source_id = ?"
+    return count(live.data, sql, source)
+
+
+def test_slack_accept_duplicate_and_mismatch(live: Live) -> None:
+    body = slack_event("EvA1")
+    first = post_slack(live.c, body)
+    assert first.status_code == 200
+    assert receipts(live, f"{APP}:T0TEAM:EvA1") == 1 and items_of(live, f"{APP}:T0TEAM:EvA1") == 1
+    again = post_slack(live.c, body, **{"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"})
+    assert (again.status_code, again.text) == (first.status_code, first.text)
+    changed = slack_event("EvA1", text="<@U0BOT> other bytes")
+    assert post_slack(live.c, changed).status_code == 200
+    with db(live.data) as conn:
+        row = conn.execute("SELECT * FROM intake_receipts WHERE source_id = ?", (f"{APP}:T0TEAM:EvA1",)).fetchone()
+    assert row["mismatches"] == 1 and row["body_sha256"] == hashlib.sha256(body).hexdigest()
+    assert items_of(live, f"{APP}:T0TEAM:EvA1") == 1
+
+
+def test_slack_retry_only_delivery_is_processed(live: Live) -> None:
+    body = slack_event("EvRetryOnly")
+    r = post_slack(live.c, body, **{"X-Slack-Retry-Num": "3", "X-Slack-Retry-Reason": "http_timeout"})
+    assert r.status_code == 200
+    with db(live.data) as conn:
+        row = conn.execute("SELECT state, retry_num, retry_reason FROM intake_receipts WHERE source_id LIKE ?",
+                           ("%:EvRetryOnly",)).fetchone()  # fmt: skip
+    assert tuple(row) == ("accepted", 3, "http_timeout")
+
+
+def test_slack_auth_failures_store_nothing(live: Live) -> None:
+    before = count(live.data, "SELECT count(*) FROM intake_receipts")
+    body = slack_event("EvBad")
+    for headers in (
+        slack_headers(body, secret="wrong"),
+        slack_headers(body, at=time.time() - 301),
+        slack_headers(body, at=time.time() + 301),
+        {**slack_headers(body), "X-Slack-Signature": ""},
+    ):
+        assert live.c.post(f"/intake/slack/{APP}", content=body, headers=headers).status_code == 401
+    flipped = body.replace(b"hello", b"hellO")
+    assert live.c.post(f"/intake/slack/{APP}", content=flipped, headers=slack_headers(body)).status_code == 401
+    assert count(live.data, "SELECT count(*) FROM intake_receipts") == before
+
+
+def test_url_verification_only_when_signed(live: Live) -> None:
+    body = json.dumps({"type": "url_verification", "challenge": "ch-123", "token": "x"}).encode()
+    before = count(live.data, "SELECT count(*) FROM work_items")
+    ok = live.c.post(f"/intake/slack/{APP}", content=body, headers=slack_headers(body))
+    assert ok.status_code == 200 and ok.json() == {"challenge": "ch-123"}
+    bad = live.c.post(f"/intake/slack/{APP}", content=body, headers=slack_headers(body, secret="nope"))
+    assert bad.status_code == 401 and "ch-123" not in bad.text
+    assert count(live.data, "SELECT count(*) FROM work_items") == before
+
+
+def test_never_acceptable_input_is_a_rejected_receipt_and_200(live: Live) -> None:
+    malformed = b"{not json"
+    r = post_slack(live.c, malformed)
+    assert r.status_code == 200 and r.headers["X-Slack-No-Retry"] == "1"
+    unsupported = json.dumps({"type": "event_callback", "api_app_id": APP, "team_id": "T0TEAM",
+                              "event_id": "EvReact", "event": {"type": "reaction_added"}}).encode()  # fmt: skip
+    assert post_slack(live.c, unsupported).status_code == 200
+    assert post_tg(live.c, json.dumps({"update_id": 5555, "poll": {}}).encode()).status_code == 200
+    with db(live.data) as conn:
+        rows = conn.execute(
+            "SELECT source_id, state, reason, job_id FROM intake_receipts WHERE state = 'rejected'"
+        ).fetchall()
+    got = {r["reason"] for r in rows if r["job_id"] is None}
+    assert {"malformed", "unsupported_type"} <= got
+    assert receipts(live, f"{TG_BOT}:5555") == 1 and items_of(live, f"{TG_BOT}:5555") == 0
+
+
+def test_concurrent_delivery_and_retry(live: Live) -> None:
+    body = slack_event("EvRace")
+    results: list[int] = []
+    barrier = threading.Barrier(2)
+
+    def send(retry: str | None) -> None:
+        extra = {"X-Slack-Retry-Num": retry} if retry else {}
+        with httpx.Client(base_url=live.gw.url, timeout=10) as c:
+            barrier.wait()
+            results.append(post_slack(c, body, **extra).status_code)
+
+    threads = [threading.Thread(target=send, args=(r,)) for r in (None, "1")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [200, 200]
+    assert receipts(live, f"{APP}:T0TEAM:EvRace") == 1 and items_of(live, f"{APP}:T0TEAM:EvRace") == 1
+
+
+def test_telegram_secret_and_exact_update_ids(live: Live) -> None:
+    assert post_tg(live.c, tg_update(900), secret="wrong").status_code == 401
+    assert live.c.post(f"/intake/telegram/{TG_BOT}", content=tg_update(900)).status_code == 401
+    assert receipts(live, f"{TG_BOT}:900") == 0
+    assert post_tg(live.c, tg_update(900)).status_code == 200
+    assert post_tg(live.c, tg_update(900)).status_code == 200
+    assert post_tg(live.c, tg_update(17)).status_code == 200  # a lower (random after a gap) id is new
+    assert receipts(live, f"{TG_BOT}:900") == 1 and items_of(live, f"{TG_BOT}:900") == 1
+    assert items_of(live, f"{TG_BOT}:17") == 1
+
+
+def test_twilio_sms_signature_host_and_json(live: Live) -> None:
+    assert post_twilio(live.c, "sms", sms_params("SMq1"), query="x=1").status_code == 200
+    # The Host header is not part of what we check: a proxy rewriting it changes nothing.
+    assert post_twilio(live.c, "sms", sms_params("SMh1"), host="internal.proxy:9000").status_code == 200
+    assert post_twilio(live.c, "sms", sms_params("SMbad"), token="wrong").status_code == 403
+    # Signed for another public URL (wrong scheme) than the configured one: refused.
+    params = sms_params("SMscheme")
+    sig = twilio.sign(TWILIO_TOKEN, PUBLIC.replace("https", "http") + f"/intake/twilio/{ACCOUNT}/sms", params)
+    r = live.c.post(f"/intake/twilio/{ACCOUNT}/sms", data=dict(params), headers={"X-Twilio-Signature": sig})
+    assert r.status_code == 403
+    assert post_twilio(live.c, "sms", sms_params("SMq1"), query="x=1").status_code == 200
+    assert receipts(live, f"{ACCOUNT}:SMq1") == 1 and items_of(live, f"{ACCOUNT}:SMq1") == 1
+    assert receipts(live, f"{ACCOUNT}:SMbad") == 0
+    body = json.dumps({"AccountSid": ACCOUNT, "MessageSid": "SMjson", "From": "+1555", "To": NUMBER,
+                       "Body": "json"}).encode()  # fmt: skip
+    query = f"bodySHA256={hashlib.sha256(body).hexdigest()}"
+    url = f"{PUBLIC}/intake/twilio/{ACCOUNT}/sms?{query}"
+    headers = {"X-Twilio-Signature": twilio.sign(TWILIO_TOKEN, url), "Content-Type": "application/json"}
+    assert live.c.post(f"/intake/twilio/{ACCOUNT}/sms?{query}", content=body, headers=headers).status_code == 200
+    assert items_of(live, f"{ACCOUNT}:SMjson") == 1
+
+
+def test_twilio_voice_replayed_step_gets_the_same_twiml(live: Live) -> None:
+    params = [("AccountSid", ACCOUNT), ("CallSid", "CAv1"), ("From", "+1"), ("To", NUMBER), ("SpeechResult", "hi")]
+    first = post_twilio(live.c, "voice", params, query="step=1")
+    again = post_twilio(live.c, "voice", params, query="step=1")
+    assert first.status_code == 200 and "<Redirect" in first.text and again.text == first.text
+    assert items_of(live, f"{ACCOUNT}:CAv1:1") == 1
+
+
+def _raw(live: Live, head: bytes, body_chunks: list[bytes], pause: float = 0.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", live.gw.port), timeout=15) as s:
+        s.sendall(head)
+        try:
+            for chunk in body_chunks:
+                s.sendall(chunk)
+                if pause:
+                    time.sleep(pause)
+        except OSError:
+            pass  # the server cut us off: what we want
+        s.settimeout(15)
+        out = b""
+        while b"\r\n\r\n" not in out:
+            part = s.recv(65536)
+            if not part:
+                break
+            out += part
+        return out
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_50mb_body_and_slow_sender_are_cut_off(live: Live) -> None:
+    before = count(live.data, "SELECT count(*) FROM intake_receipts")
+    rss = _rss_kb(live.gw.proc.pid)
+    path = f"/intake/telegram/{TG_BOT}".encode()
+    head = b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 52428800\r\n\r\n"
+    chunk = b"x" * (1 << 20)
+    out = _raw(live, head, [chunk] * 50)
+    assert out.startswith(b"HTTP/1.1 413")
+    chunked = b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    piece = b"%x\r\n" % len(chunk) + chunk + b"\r\n"
+    assert _raw(live, chunked, [piece] * 50).startswith(b"HTTP/1.1 413")
+    assert _rss_kb(live.gw.proc.pid) - rss < 2 * 1024 * 2  # growth under twice the 1 MiB cap (KiB)
+    started = time.monotonic()
+    slow = b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+    out = _raw(live, slow, [b"{"] * 5, pause=1.0)
+    assert out.startswith(b"HTTP/1.1 408") and time.monotonic() - started < 8
+    assert count(live.data, "SELECT count(*) FROM intake_receipts") == before
+
+
+def test_store_too_slow_is_503_then_the_retry_is_admitted(live: Live) -> None:
+    body = tg_update(4242)
+    blocker = sqlite3.connect(live.data / "agent_dispatch_queue.db", timeout=30, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another writer holds the database past the commit timeout
+    try:
+        r = post_tg(live.c, body)
+        assert r.status_code == 503 and r.headers["Retry-After"].isdigit()
+        time.sleep(0.3)
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    time.sleep(0.5)  # the abandoned transaction rolls back instead of committing late
+    assert receipts(live, f"{TG_BOT}:4242") == 0 and items_of(live, f"{TG_BOT}:4242") == 0
+    assert post_tg(live.c, body).status_code == 200
+    assert receipts(live, f"{TG_BOT}:4242") == 1 and items_of(live, f"{TG_BOT}:4242") == 1
+
+
+def test_backlog_bound_per_agent(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    install_all(data)
+    with db(data) as conn:  # 256 non-terminal turns of the agent already queued
+        now = time.time()
+        conn.executemany(
+            "INSERT INTO work_items (id, tenant, session_id, session_ref, kind, agent_name, payload, status,"
+            " max_attempts, created_at, ready_at, updated_at) VALUES (?, 'acme', ?, ?, 'intake_turn', 'helper',"
+            " '{}', 'ready', 5, ?, ?, ?)",
+            [(f"fill-{i}", f"s{i}", f"r{i}", now, now, now) for i in range(256)],
+        )
+    gw = gateway(data)
+    try:
+        with gw.client() as c:
+            assert post_tg(c, tg_update(1)).status_code == 200
+            with db(data) as conn:
+                row = conn.execute("SELECT state, reason, job_id FROM intake_receipts").fetchone()
+                assert tuple(row) == ("rejected", "backlog_full", None)
+                conn.execute("UPDATE work_items SET status = 'succeeded' WHERE id = 'fill-0'")
+            assert post_tg(c, tg_update(1)).status_code == 200  # the duplicate still answers 200
+            assert post_tg(c, tg_update(2)).status_code == 200  # room again: accepted
+            assert count(data, "SELECT count(*) FROM intake_receipts WHERE state = 'accepted'") == 1
+    finally:
+        gw.stop()
