@@ -107,7 +107,7 @@ class KafkaTransport:
             flush_timeout_s=timeout_s,
             linger_s=linger_s,
             coalesce=coalesce,
-            on_missing_topic=self._reensure,
+            on_failure=self._reensure,
         )
         self._lock = threading.Lock()
         self._consumers: dict[str, OwnedConsumer] = {}

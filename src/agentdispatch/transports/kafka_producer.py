@@ -121,12 +121,12 @@ class CoalescingProducer:
         flush_timeout_s: float,
         linger_s: float = 0.0,
         coalesce: bool = True,
-        on_missing_topic: Callable[[], None] | None = None,
+        on_failure: Callable[[], None] | None = None,
     ) -> None:
         self.topic = topic
         self.flush_timeout_s = flush_timeout_s
         self.coalesce = coalesce
-        self.on_missing_topic = on_missing_topic
+        self.on_failure = on_failure
         conf = {
             **config,
             "enable.idempotence": True,
@@ -136,7 +136,9 @@ class CoalescingProducer:
             # error does not also see the message appear much later.
             "message.timeout.ms": int(flush_timeout_s * 1000),
         }
+        self._conf = conf
         self._p = Producer(conf)
+        self.resets = 0
         self._gate: GroupCommit[None] = GroupCommit(linger_s)
         self._serial = threading.Lock()
         self.messages = 0
@@ -182,15 +184,29 @@ class CoalescingProducer:
         self._p.flush(self.flush_timeout_s)
 
     def _check(self, batch: _Batch) -> None:
+        if batch.pending or batch.errors:
+            self._reset()
+            if self.on_failure is not None:
+                # A broker that lost its log lost the topic too; messages for a
+                # missing topic just time out, so check the topic on any failure.
+                self.on_failure()
         if batch.pending > 0:
             raise TaskQueueUnavailable(
                 f"Kafka did not confirm {batch.pending} message(s) within {self.flush_timeout_s:g} s"
             )
         if batch.errors:
             codes = sorted(set(batch.errors))
-            if self.on_missing_topic is not None and any("UNKNOWN_TOPIC" in c for c in codes):
-                self.on_missing_topic()  # e.g. a broker that lost its log: the next relay succeeds
             raise TaskQueueUnavailable(f"Kafka delivery failed for {len(batch.errors)} message(s): {', '.join(codes)}")
+
+    def _reset(self) -> None:
+        # A restarted broker may have lost the idempotent producer's state (and
+        # the old client keeps waiting on it): start over with a new producer.
+        # Callers whose messages sat in the old one already got their error.
+        with self._serial:
+            old, self._p = self._p, Producer(self._conf)
+            self.resets += 1
+        old.purge()
+        old.flush(0)
 
     def close(self) -> None:
         """Flush what is left (bounded) and drop the client."""

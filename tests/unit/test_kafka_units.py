@@ -1,0 +1,106 @@
+"""Pure pieces of the Kafka transport: message keys, the grow-only decision,
+and the group commit that coalesces flushes (no broker needed)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from agentdispatch.errors import TaskQueueUnavailable
+from agentdispatch.transports.kafka_admin import Plan, cannot_grow, partition_plan
+from agentdispatch.transports.kafka_producer import GroupCommit, message_key
+
+
+def test_session_key_outranks_tenant_and_is_opaque():
+    key = message_key("chat-42", "acme")
+    assert key.startswith(b"session:") and b"chat-42" not in key and b"acme" not in key
+    assert key == message_key("chat-42", "other-tenant")  # the session alone decides the partition
+    assert key != message_key("chat-43", "acme")
+    tenant_key = message_key(None, "acme")
+    assert tenant_key.startswith(b"tenant:") and b"acme" not in tenant_key
+    assert message_key(None, None) == b"none"
+
+
+@pytest.mark.parametrize(
+    ("current", "wanted", "plan"),
+    [(None, 6, Plan.CREATE), (3, 6, Plan.GROW), (6, 6, Plan.OK), (12, 6, Plan.OK)],
+)
+def test_partitions_are_grow_only(current, wanted, plan):
+    assert partition_plan(current, wanted) is plan
+
+
+def test_cannot_grow_message_names_the_setting_not_the_broker():
+    err = cannot_grow("agent_turns", 3, 6, "_UNSUPPORTED_FEATURE")
+    assert isinstance(err, TaskQueueUnavailable)
+    text = str(err)
+    assert "AGENT_TURNS_PARTITIONS=6" in text and "3 partition" in text and "never shrunk" in text
+    assert "127.0.0.1" not in text and ":9092" not in text
+
+
+def test_group_commit_runs_one_round_for_concurrent_callers():
+    gate: GroupCommit[int] = GroupCommit(linger_s=0.2)
+    calls: list[int] = []
+    n = 16
+    barrier = threading.Barrier(n)
+    results: list[int] = []
+
+    def caller() -> None:
+        barrier.wait()
+        results.append(gate.run(lambda: calls.append(1) or len(calls)))
+
+    threads = [threading.Thread(target=caller) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert gate.rounds == 1 and calls == [1] and results == [1] * n
+
+
+def test_group_commit_late_caller_waits_for_a_fresh_round():
+    gate: GroupCommit[float] = GroupCommit()
+    started = threading.Event()
+    release = threading.Event()
+    seen: list[float] = []
+
+    def slow() -> float:
+        started.set()
+        release.wait(5)
+        return time.monotonic()
+
+    first = threading.Thread(target=lambda: seen.append(gate.run(slow)))
+    first.start()
+    started.wait(5)
+    joined_at = time.monotonic()
+    late = threading.Thread(target=lambda: seen.append(gate.run(time.monotonic)))
+    late.start()
+    time.sleep(0.05)
+    release.set()
+    first.join()
+    late.join()
+    # The late caller's round started after it joined: its precondition is covered.
+    assert gate.rounds == 2 and max(seen) > joined_at
+
+
+def test_group_commit_error_reaches_every_caller_of_the_round():
+    gate: GroupCommit[None] = GroupCommit(linger_s=0.1)
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def boom() -> None:
+        raise TaskQueueUnavailable("delivery failed")
+
+    def caller() -> None:
+        barrier.wait()
+        try:
+            gate.run(boom)
+        except TaskQueueUnavailable as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=caller) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(errors) == 4 and gate.rounds == 1
