@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
-from kafka_broker import Broker, free_port
+import contextlib
 
 from agentdispatch import QueueFull, Status, Submission
 from agentdispatch.dispatch import Dispatcher
@@ -29,6 +29,7 @@ from agentdispatch.stores.sqlite import SqliteStore
 from agentdispatch.transports.base import Delivery, Receipt
 from agentdispatch.transports.kafka import KafkaTransport
 from agentdispatch.worker import Worker, WorkerOptions
+from kafka_broker import Broker, free_port
 
 FAST = {"max_poll_interval_ms": 10_000, "session_timeout_ms": 6_000}
 
@@ -219,10 +220,8 @@ def test_delivery_failure_raises_to_the_caller_and_the_item_is_healed(env: Env) 
     env.broker.start()  # same port, empty log
     deadline = time.monotonic() + 30
     while store.outbox_take(10) and time.monotonic() < deadline:
-        try:
+        with contextlib.suppress(TaskQueueUnavailable):
             reconcile_once(store, transport)
-        except TaskQueueUnavailable:
-            pass
         time.sleep(0.2)
     assert store.outbox_take(10) == []
     got = _drain(transport, 1)
