@@ -97,7 +97,10 @@ def _pending(sql: Sql, receipt: dict[str, Any]) -> list[tuple[str, IntakeEnvelop
 def newer_trigger(istore: IntakeStore, receipt: dict[str, Any], engage: Engage) -> str | None:
     """The newest later receipt of the conversation that will engage (coalescing)."""
     with istore.tx(durable=False) as sql:
-        found = [rid for rid, env in _pending(sql, receipt) if engage(env)]
+        # Another event of the same message (app_mention + message) collapses instead.
+        found = [
+            rid for rid, env in _pending(sql, receipt) if env.message_key != receipt["message_key"] and engage(env)
+        ]
     return found[-1] if found else None
 
 
@@ -106,6 +109,9 @@ def steer(istore: IntakeStore, receipt: dict[str, Any]) -> list[IntakeEnvelope]:
     taken: list[IntakeEnvelope] = []
     with istore.tx() as sql:
         for rid, env in _pending(sql, receipt):
+            if env.message_key == receipt["message_key"]:  # the other event of this very message
+                sql.run("finish", id=rid, state="collapsed", reason="same_message", now=sql.now())
+                continue
             same = env.sender == receipt["sender"] and not env.self_authored
             if same and sql.run("steer", id=rid, job_id=receipt["job_id"], now=sql.now()) == 1:
                 _history_row(sql, env, rid, "user")

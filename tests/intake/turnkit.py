@@ -1,0 +1,129 @@
+"""In-process worker harness for intake turns: a real SQLite store, a real
+worker, and a local recording server standing in for the provider APIs."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from agentdispatch.gateway.intake import admin
+from agentdispatch.gateway.intake.admit import Incoming, admit, job_id_of
+from agentdispatch.gateway.intake.answers import ok
+from agentdispatch.gateway.intake.envelope import IntakeEnvelope
+from agentdispatch.gateway.intake.handler import build_handler
+from agentdispatch.gateway.intake.processor import Context, Respond
+from agentdispatch.gateway.intake.store import IntakeStore
+from agentdispatch.handlers import Registry
+from backends import Harness
+
+
+@dataclass
+class Recorder:
+    """Every provider API call: (path, idempotency key, body)."""
+
+    calls: list[tuple[str, str, Any]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    url: str = ""
+
+
+@contextmanager
+def recording_server() -> Iterator[Recorder]:
+    rec = Recorder()
+
+    class H(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            try:
+                body: Any = json.loads(raw)
+            except ValueError:
+                body = raw.decode()
+            with rec.lock:
+                rec.calls.append((self.path, self.headers.get("Idempotency-Key", ""), body))
+            out = b'{"ok": true}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    rec.url = f"http://127.0.0.1:{server.server_address[1]}"
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield rec
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@dataclass
+class Rig:
+    h: Harness
+    ist: IntakeStore
+    inst: dict[str, Any]
+    rec: Recorder
+    seq: int = 0
+
+    def dm(self, text: str, *, sender: str = "U1", conversation: str = "D1", **kw: Any) -> str:
+        """Deliver a Slack message (DM by default) through the real admission transaction."""
+        self.seq += 1
+        env = IntakeEnvelope(
+            connector="slack", installation=self.inst["id"], source_id=f"A:T:Ev{self.seq}",
+            conversation=conversation, sender=sender, text=text, channel=conversation,
+            message_key=kw.pop("message_key", f"{conversation}:{self.seq}"), is_dm=kw.pop("is_dm", True),
+            thread=f"{self.seq}.0", **kw,
+        )  # fmt: skip
+        inc = Incoming("slack", env.source_id, env.to_json().encode(), ok(), self.inst, envelope=env)
+        answer = admit(self.ist, inc, max_depth=1000, max_attempts=5, rejected=ok(), abandoned=threading.Event())
+        assert answer.status == 200
+        return job_id_of("slack", env.source_id)
+
+    def receipt(self, job_id: str) -> dict[str, Any]:
+        row = self.ist.receipt(job_id)
+        assert row is not None
+        return row
+
+    def wait(self, *job_ids: str, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(self.h.store.get(j, None).status.terminal for j in job_ids):
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"not finished: {[(j, self.h.store.get(j, None).status) for j in job_ids]}")
+
+    def replies(self) -> list[tuple[str, str, Any]]:
+        with self.rec.lock:
+            return list(self.rec.calls)
+
+
+def make_rig(h: Harness, rec: Recorder, tmp: Path) -> Rig:
+    creds = tmp / "creds.json"
+    creds.write_text(json.dumps({"signing_secret": "s", "bot_token": "xoxb-test"}))
+    ist = IntakeStore(h.store)
+    ref = f"file:{creds}"
+    inst_id = admin.install(ist, connector="slack", external_id="A:T", route_key="A", tenant="acme",
+                            master_key=None, reference=ref, bot_user_id="U0BOT", api_base=rec.url)  # fmt: skip
+    admin.set_agent(ist, "helper", enabled=True)
+    admin.set_route(ist, inst_id, "*", "helper")
+    inst = ist.read("inst_get", id=inst_id)[0]
+    return Rig(h, ist, inst, rec)
+
+
+def registry(h: Harness, respond: Respond | None = None) -> Registry:
+    reg = Registry()
+
+    def echo(ctx: Context) -> str:
+        return "re: " + " + ".join(ctx.texts)
+
+    reg.add("intake_turn", build_handler(respond or echo, settings=h.settings))
+    return reg
