@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from agentdispatch.gateway.intake import slack, twilio
-from e2e.gatewayproc import Gateway, cli_env, start_gateway
+from e2e.gatewayproc import Gateway, cli_env, free_port
 
 KEY = "11" * 32
 SLACK_SECRET = "slack-signing-secret"
@@ -27,14 +27,15 @@ TG_BOT = "7001"
 ACCOUNT, NUMBER = "AC0001", "+15550001"
 
 
-def env_for(extra: dict[str, str] | None = None) -> dict[str, str]:
-    return {"AGENT_DISPATCH_INTAKE_KEY": KEY, **(extra or {})}
+def env_for(data_dir: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The subprocess environment (extra wins, so PostgreSQL can be chosen)."""
+    return {**cli_env(data_dir), "AGENT_DISPATCH_INTAKE_KEY": KEY, **(extra or {})}
 
 
 def cli(data_dir: Path, *args: str, stdin: str | None = None, **env: str) -> str:
     out = subprocess.run(
         [sys.executable, "-m", "agentdispatch", *args],
-        env=cli_env(data_dir, **env_for(env)),
+        env=env_for(data_dir, env),
         input=stdin,
         capture_output=True,
         text=True,
@@ -70,7 +71,30 @@ def install_all(data_dir: Path, api_base: str = "", **env: str) -> Installations
 
 
 def gateway(data_dir: Path, **env: str) -> Gateway:
-    return start_gateway(data_dir, "--no-auth", **env_for(env))
+    """A real ``agentdispatch gateway`` subprocess (auth off, loopback)."""
+    port = free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with (data_dir / "gateway.log").open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agentdispatch", "gateway", "--no-auth", "--port", str(port)],
+            env=env_for(data_dir, env),
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            text=True,
+        )
+    gw = Gateway(data_dir, port, proc)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gateway exited {proc.returncode}: {gw.log()}")
+        try:
+            if httpx.get(f"{gw.url}/healthz", timeout=1).status_code == 200:
+                return gw
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    gw.stop()
+    raise RuntimeError("gateway did not start within 30 s")
 
 
 def slack_event(event_id: str, text: str = "<@U0BOT> hello", *, channel: str = "C1", user: str = "U1",
