@@ -1,0 +1,247 @@
+"""Crash tests on Kafka with real worker processes (store: a shared SQLite file).
+
+* Worker processes are SIGKILLed mid-turn and respawned: 0 lost turns, 0
+  duplicate side effects, 0 overlapping turns of one session.
+* The broker is SIGKILLed and restarted mid-run; its memory storage loses the
+  log, so every non-terminal item must be re-published by the reconciler.
+* Turns of one session run in submission order.
+
+Run as ``python test_kafka_crash.py worker ...`` this file is the worker process.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentdispatch import Status, Submission
+from agentdispatch.dispatch import Dispatcher
+from agentdispatch.handlers import Registry
+from agentdispatch.settings import Settings, load_settings
+from agentdispatch.stores.sqlite import SqliteStore
+from agentdispatch.transports.kafka import KafkaTransport
+from agentdispatch.worker import Worker, WorkerOptions
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+import itertools
+
+from kafka_broker import Broker
+
+FAST = {"max_poll_interval_ms": 10_000, "session_timeout_ms": 6_000, "timeout_s": 3.0}
+
+
+def _settings(data_dir: str, bootstrap: str) -> Settings:
+    return load_settings(
+        task_queue_backend="kafka",
+        kafka_bootstrap_servers=bootstrap,
+        data_dir=Path(data_dir),
+        claim_ttl_s=3,
+        renew_interval_s=1,
+        max_attempts=20,
+    )
+
+
+def _append(sink: str, line: str) -> None:
+    with open(sink, "a") as f:  # O_APPEND: one short line is one atomic write
+        f.write(line + "\n")
+
+
+def worker_main(data_dir: str, bootstrap: str, sink: str, threads: int) -> None:
+    """A worker process whose handler logs start/effect/end lines to ``sink``."""
+    settings = _settings(data_dir, bootstrap)
+    store = SqliteStore(settings.sqlite_path, extra_attempts=settings.max_attempts)
+    transport = KafkaTransport(settings, **FAST)  # type: ignore[arg-type]
+    pid = os.getpid()
+
+    def handler(turn: Any, guard: Any) -> str:
+        _append(sink, f"start {turn.job_id} {turn.session_id} {pid} {time.time()}")
+        try:
+            time.sleep(float(turn.payload["sleep"]))
+            guard.side_effect(
+                f"fx:{turn.job_id}", lambda: _append(sink, f"effect {turn.job_id} {turn.session_id} {pid}")
+            )
+            return "ok"
+        finally:
+            _append(sink, f"end {turn.job_id} {turn.session_id} {pid} {time.time()}")
+
+    reg = Registry()
+    reg.add("crash", handler)
+    worker = Worker(settings, store, transport, reg, options=WorkerOptions(threads=threads, get_wait_s=0.05))
+    signal.signal(signal.SIGTERM, lambda *_: worker.stopping.set())
+    worker.run_forever()
+
+
+class Fleet:
+    """Worker processes over one store and one broker, with the evidence."""
+
+    def __init__(self, tmp: Path, broker: Broker) -> None:
+        self.tmp, self.broker = tmp, broker
+        self.data_dir = str(tmp / "data")
+        self.sink = str(tmp / "sink.log")
+        self.settings = _settings(self.data_dir, broker.bootstrap)
+        self.store = SqliteStore(self.settings.sqlite_path, extra_attempts=self.settings.max_attempts)
+        self.store.migrate()
+        self.transport = KafkaTransport(self.settings, **FAST)  # type: ignore[arg-type]
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.killed_at: dict[int, float] = {}
+
+    def submit(self, n: int, sessions: int) -> list[str]:
+        d = Dispatcher(self.store, self.transport, self.settings)
+        subs = [
+            Submission(kind="crash", tenant="t", session_id=f"s{i % sessions}", payload={"sleep": 0.05 + (i % 4) * 0.1})
+            for i in range(n)
+        ]
+        return [h.job_id for h in d.submit_many(subs)]
+
+    def spawn(self, threads: int = 2) -> subprocess.Popen[bytes]:
+        with open(self.tmp / f"worker-{len(self.procs)}.log", "wb") as log:
+            p = subprocess.Popen(
+                [sys.executable, __file__, "worker", self.data_dir, self.broker.bootstrap, self.sink, str(threads)],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+        self.procs.append(p)
+        return p
+
+    def busy_victim(self, live: list[subprocess.Popen[bytes]], rng: random.Random) -> subprocess.Popen[bytes] | None:
+        """A live worker that is inside a turn right now (polls up to 2 s)."""
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            open_runs: Counter[int] = Counter()
+            if Path(self.sink).exists():
+                for ln in Path(self.sink).read_text().splitlines():
+                    kind, _job, _session, pid = ln.split()[:4]
+                    if kind in ("start", "end"):
+                        open_runs[int(pid)] += 1 if kind == "start" else -1
+            busy = [p for p in live if open_runs[p.pid] > 0]
+            if busy:
+                return rng.choice(busy)
+            time.sleep(0.01)
+        return None
+
+    def sigkill(self, p: subprocess.Popen[bytes]) -> None:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(10)
+        self.killed_at[p.pid] = time.time()
+
+    def done(self, jobs: list[str]) -> bool:
+        return all(self.store.get(j, None).status.terminal for j in jobs)
+
+    def wait(self, jobs: list[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.done(jobs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+        self.transport.close()
+        self.store.close()
+
+    def evidence(self, jobs: list[str]) -> dict[str, Any]:
+        """Lost, duplicate effects, session overlaps and order violations."""
+        lines = [ln.split() for ln in Path(self.sink).read_text().splitlines()] if Path(self.sink).exists() else []
+        effects = Counter(ln[1] for ln in lines if ln[0] == "effect")
+        runs: dict[tuple[str, int], dict[str, Any]] = {}
+        order: dict[str, list[str]] = defaultdict(list)
+        for ln in lines:
+            if ln[0] == "start":
+                runs[(ln[1], int(ln[3]))] = {"session": ln[2], "start": float(ln[4]), "end": None, "pid": int(ln[3])}
+            elif ln[0] == "end":
+                runs[(ln[1], int(ln[3]))]["end"] = float(ln[4])
+            elif ln[0] == "effect":
+                order[ln[2]].append(ln[1])
+        by_session: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        for r in runs.values():
+            end = r["end"] if r["end"] is not None else self.killed_at.get(r["pid"], time.time())
+            by_session[r["session"]].append((r["start"], end))
+        overlaps = 0
+        for spans in by_session.values():
+            spans.sort()
+            overlaps += sum(1 for (_, e0), (s1, _) in itertools.pairwise(spans) if s1 < e0)
+        status = Counter(self.store.get(j, None).status for j in jobs)
+        rank = {j: i for i, j in enumerate(jobs)}
+        out_of_order = sum(1 for seq in order.values() for a, b in itertools.pairwise(seq) if rank[a] > rank[b])
+        return {
+            "jobs": len(jobs),
+            "succeeded": status[Status.SUCCEEDED],
+            "lost": sum(n for s, n in status.items() if s is not Status.SUCCEEDED and s is not Status.DEAD_LETTER),
+            "dead_letter": status[Status.DEAD_LETTER],
+            "runs": len(runs),
+            "duplicate_effects": sum(n - 1 for n in effects.values() if n > 1),
+            "missing_effects": len(set(jobs) - set(effects)),
+            "session_overlaps": overlaps,
+            "out_of_order": out_of_order,
+        }
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> Any:
+    broker = Broker(tmp_path / "broker").start()
+    f = Fleet(tmp_path, broker)
+    yield f
+    f.close()
+    broker.kill()
+
+
+@pytest.mark.slow
+def test_sigkilled_workers_lose_nothing_and_duplicate_no_effect(fleet: Fleet) -> None:
+    jobs = fleet.submit(120, sessions=12)
+    live = [fleet.spawn() for _ in range(3)]
+    rng = random.Random(7)
+    kills = 0
+    deadline = time.monotonic() + 150
+    while kills < 5 and not fleet.done(jobs) and time.monotonic() < deadline:
+        time.sleep(2.5)
+        victim = fleet.busy_victim(live, rng)
+        if victim is None:
+            continue
+        live.remove(victim)
+        fleet.sigkill(victim)  # mid-turn: it has a started, unfinished turn
+        kills += 1
+        live.append(fleet.spawn())
+    fleet.wait(jobs, timeout=max(10.0, deadline - time.monotonic()))
+    ev = fleet.evidence(jobs)
+    print(f"\nkafka crash test: {kills} SIGKILLs, {ev}")
+    assert kills == 5
+    assert ev["succeeded"] == ev["jobs"] and ev["lost"] == 0 and ev["dead_letter"] == 0
+    assert ev["duplicate_effects"] == 0 and ev["missing_effects"] == 0
+    assert ev["session_overlaps"] == 0 and ev["out_of_order"] == 0
+    assert ev["runs"] > ev["jobs"], "no turn was interrupted: the test did not crash anything mid-turn"
+
+
+@pytest.mark.slow
+def test_broker_restart_loses_the_log_and_the_reconciler_republishes(fleet: Fleet) -> None:
+    jobs = fleet.submit(90, sessions=9)
+    for _ in range(2):
+        fleet.spawn()
+    deadline = time.monotonic() + 60
+    while sum(fleet.store.get(j, None).status is Status.SUCCEEDED for j in jobs) < 20:
+        assert time.monotonic() < deadline, "workers made no progress"
+        time.sleep(0.2)
+    pending = [j for j in jobs if not fleet.store.get(j, None).status.terminal]
+    fleet.broker.restart()  # memory storage: topic, log and offsets are gone
+    fleet.wait(jobs, timeout=150)
+    ev = fleet.evidence(jobs)
+    republished = sum(
+        1 for j in pending if any(e["event"] == "redelivered" for e in fleet.store.history(j, None)["events"])
+    )
+    print(f"\nkafka broker restart: {len(pending)} non-terminal at restart, {republished} re-published, {ev}")
+    assert pending and ev["succeeded"] == ev["jobs"] and ev["lost"] == 0
+    assert ev["duplicate_effects"] == 0 and ev["session_overlaps"] == 0 and ev["out_of_order"] == 0
+    assert republished > 0
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["worker"]:
+    worker_main(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
