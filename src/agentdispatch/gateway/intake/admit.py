@@ -80,63 +80,74 @@ def admit(
     backlog: int = BACKLOG_PER_AGENT,
 ) -> Answer:
     """Record ``inc`` (and create its WorkItem) in one durable transaction."""
+    return istore.durable(lambda sql: _admit(sql, inc, max_depth, max_attempts, rejected, abandoned, backlog))
+
+
+def _admit(
+    sql: Sql,
+    inc: Incoming,
+    max_depth: int,
+    max_attempts: int,
+    rejected: Answer,
+    abandoned: threading.Event,
+    backlog: int,
+) -> Answer:
     digest = inc.sha256
-    with istore.tx(durable=True) as sql:
-        now = sql.now()
+    now = sql.now()
+    existing = sql.one("receipt_by_source", connector=inc.connector, source_id=inc.source_id)
+    if existing is not None:
+        return _duplicate(sql, existing, digest, now)
+    state, reason, answer, job_id = inc.state, inc.reason, inc.answer, None
+    agent = _agent(sql, inc.installation, inc.envelope)
+    if state == "accepted":
+        if sql.dialect == "postgres":
+            sql.one("agent_lock", key=f"intake:{agent}")
+        if sql.count("backlog", agent=agent) >= backlog:
+            state, reason, answer = "rejected", "backlog_full", rejected
+        else:
+            job_id = job_id_of(inc.connector, inc.source_id)
+    env = inc.envelope.with_receipt_time(now) if inc.envelope is not None else None
+    inst = inc.installation or {}
+    row = sql.one(
+        "receipt_insert",
+        id=job_id or job_id_of(inc.connector, inc.source_id).replace("intake-", "rcpt-"),
+        connector=inc.connector,
+        source_id=inc.source_id,
+        installation_id=inst.get("id", ""),
+        tenant=inst.get("tenant", ""),
+        state=state,
+        reason=reason,
+        job_id=job_id,
+        agent=agent,
+        conversation=env.conversation if env else inc.conversation,
+        sender=env.sender if env else "",
+        message_key=env.message_key if env else "",
+        body_sha256=digest,
+        body_size=len(inc.body),
+        envelope=env.to_json() if env else None,
+        raw=base64.b64encode(inc.body).decode(),
+        answer_status=answer.status,
+        answer_type=answer.media_type,
+        answer_body=answer.body,
+        retry_num=inc.retry_num,
+        retry_reason=inc.retry_reason,
+        now=now,
+    )
+    if row is None:  # a concurrent copy committed first (PostgreSQL)
         existing = sql.one("receipt_by_source", connector=inc.connector, source_id=inc.source_id)
-        if existing is not None:
-            return _duplicate(sql, existing, digest, now)
-        state, reason, answer, job_id = inc.state, inc.reason, inc.answer, None
-        agent = _agent(sql, inc.installation, inc.envelope)
-        if state == "accepted":
-            if sql.dialect == "postgres":
-                sql.one("agent_lock", key=f"intake:{agent}")
-            if sql.count("backlog", agent=agent) >= backlog:
-                state, reason, answer = "rejected", "backlog_full", rejected
-            else:
-                job_id = job_id_of(inc.connector, inc.source_id)
-        env = inc.envelope.with_receipt_time(now) if inc.envelope is not None else None
-        inst = inc.installation or {}
-        row = sql.one(
-            "receipt_insert",
-            id=job_id or job_id_of(inc.connector, inc.source_id).replace("intake-", "rcpt-"),
-            connector=inc.connector,
-            source_id=inc.source_id,
-            installation_id=inst.get("id", ""),
-            tenant=inst.get("tenant", ""),
-            state=state,
-            reason=reason,
+        assert existing is not None
+        return _duplicate(sql, existing, digest, now)
+    if job_id is not None and env is not None:
+        job = NewJob(
             job_id=job_id,
-            agent=agent,
-            conversation=env.conversation if env else inc.conversation,
-            sender=env.sender if env else "",
-            message_key=env.message_key if env else "",
-            body_sha256=digest,
-            body_size=len(inc.body),
-            envelope=env.to_json() if env else None,
-            raw=base64.b64encode(inc.body).decode(),
-            answer_status=answer.status,
-            answer_type=answer.media_type,
-            answer_body=answer.body,
-            retry_num=inc.retry_num,
-            retry_reason=inc.retry_reason,
-            now=now,
+            tenant=str(inst.get("tenant", "")),
+            session_id=f"intake:{inst.get('id', '')}:{env.conversation}",
+            kind=KIND,
+            payload={"receipt": job_id},
+            max_attempts=max_attempts,
+            agent_name=agent,
         )
-        if row is None:  # a concurrent copy committed first (PostgreSQL)
-            existing = sql.one("receipt_by_source", connector=inc.connector, source_id=inc.source_id)
-            assert existing is not None
-            return _duplicate(sql, existing, digest, now)
-        if job_id is not None and env is not None:
-            job = NewJob(
-                job_id=job_id,
-                tenant=str(inst.get("tenant", "")),
-                session_id=f"intake:{inst.get('id', '')}:{env.conversation}",
-                kind=KIND,
-                payload={"receipt": job_id},
-                max_attempts=max_attempts,
-                agent_name=agent,
-            )
-            engine.submit(sql.tx, [job], max_depth)
-        if abandoned.is_set():
-            raise Abandoned()
-        return answer
+        engine.submit(sql.tx, [job], max_depth)
+    if abandoned.is_set():
+        raise Abandoned()
+    return answer

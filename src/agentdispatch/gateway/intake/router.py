@@ -32,6 +32,8 @@ from .store import IntakeStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+#: Seconds an installation lookup is reused by the request path.
+CACHE_S = 2.0
 
 
 class Unavailable(Exception):
@@ -49,14 +51,22 @@ class Intake:
         self.services = services
         # Store calls leave the event loop; a slow one is abandoned, not awaited.
         self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="intake")
+        self._insts: dict[tuple[str, str], tuple[float, list[dict[str, Any]]]] = {}
+        self._secrets: dict[tuple[str, str], dict[str, Any]] = {}
 
     @property
     def istore(self) -> IntakeStore:
         return IntakeStore(self.services.store)
 
     def secrets(self, inst: dict[str, Any]) -> dict[str, Any]:
-        key = self.services.settings.intake_key
-        return open_credentials(key.get_secret_value() if key else None, inst["id"], inst["credentials"])
+        cached = self._secrets.get((inst["id"], inst["credentials"]))
+        if cached is None:
+            key = self.services.settings.intake_key
+            cached = open_credentials(key.get_secret_value() if key else None, inst["id"], inst["credentials"])
+            if len(self._secrets) > 10_000:
+                self._secrets.clear()
+            self._secrets[(inst["id"], inst["credentials"])] = cached
+        return cached
 
     async def db(self, fn: Callable[[threading.Event], T]) -> T:
         """Run ``fn`` in the pool; past the commit timeout answer 503 and tell
@@ -77,7 +87,16 @@ class Intake:
             raise
 
     async def installations(self, connector: str, route_key: str) -> list[dict[str, Any]]:
-        return await self.db(lambda _: self.istore.read("inst_by_route", connector=connector, route_key=route_key))
+        # Cached briefly: a rotated secret or a new installation counts within CACHE_S.
+        key, now = (connector, route_key), time.monotonic()
+        hit = self._insts.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        rows = await self.db(lambda _: self.istore.read("inst_by_route", connector=connector, route_key=route_key))
+        if len(self._insts) > 10_000:
+            self._insts.clear()
+        self._insts[key] = (now + CACHE_S, rows)
+        return rows
 
     async def record(self, inc: Incoming, rejected: Answer) -> Answer:
         s = self.services.settings

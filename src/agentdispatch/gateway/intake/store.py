@@ -4,13 +4,15 @@ its WorkItem commit together (SQLite and PostgreSQL share one query file)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ...sqlfiles import queries
 from ...stores.base import Store
+
+T = TypeVar("T")
 
 
 class IntakeTx(Protocol):
@@ -78,6 +80,15 @@ class IntakeStore:
         """One write transaction of the WorkItem store (the engine may join it)."""
         with self.store.transaction(durable=durable) as tx:  # type: ignore[attr-defined]
             yield Sql(tx, self.store.name)
+
+    def durable(self, fn: Callable[[Sql], T]) -> T:
+        """Run ``fn`` in a durable transaction; on SQLite concurrent callers share
+        one commit and fsync (the store's group commit, a savepoint each)."""
+        group = getattr(self.store, "group", None)
+        if group is not None:
+            return group.run(lambda tx: fn(Sql(tx, self.store.name)))  # type: ignore[no-any-return]
+        with self.tx(durable=True) as sql:
+            return fn(sql)
 
     def read(self, name: str, /, **params: Any) -> list[dict[str, Any]]:
         """A short read-only query (runs in its own transaction)."""
