@@ -14,12 +14,15 @@ from backends import postgres_harness
 from crashkit import Fleet, analyse
 from pg import restart_postgres
 
-TTL_ENV = {"AGENT_DISPATCH_CLAIM_TTL_S": "3", "AGENT_DISPATCH_RENEW_INTERVAL_S": "0.5"}
+# The TTL outlasts the database restart (about 3 s here): leases must survive an
+# outage shorter than the TTL. A longer outage can expire a lease while its
+# handler still runs; only side effects are fenced then (see the lead's notes).
+TTL_ENV = {"AGENT_DISPATCH_CLAIM_TTL_S": "8", "AGENT_DISPATCH_RENEW_INTERVAL_S": "0.5"}
 
 
 @pytest.mark.slow
 def test_sigkill_storm_and_database_restart_lose_nothing(tmp_path: Path) -> None:
-    h = postgres_harness(tmp_path, claim_ttl_s=3, renew_interval_s=0.5)
+    h = postgres_harness(tmp_path, claim_ttl_s=8, renew_interval_s=0.5)
     sink = tmp_path / "sink"
     sink.mkdir()
     env = {**h.env, "CRASH_SINK_DIR": str(sink), **TTL_ENV}
@@ -74,7 +77,7 @@ def test_sigkill_storm_and_database_restart_lose_nothing(tmp_path: Path) -> None
     assert restarted and kills >= 5
     assert lost == 0
     assert report.duplicate_effects == 0
-    assert report.overlaps == []
+    assert report.overlaps == [], report.overlaps
     assert report.out_of_order == []
     assert statuses.count(Status.SUCCEEDED) + statuses.count(Status.DEAD_LETTER) == turns
     assert all(n == 1 for n in report.effects.values())

@@ -167,8 +167,11 @@ class PgDb:
         while True:
             attempt += 1
             committing = False
+            # Waiting for a pooled connection counts against the patience too
+            # (while the database is down the pool cannot hand one out).
+            wait_s = max(1.0, min(self.pool.timeout, deadline - time.monotonic()))
             try:
-                with self.pool.connection() as conn:
+                with self.pool.connection(timeout=wait_s) as conn:
                     if single:
                         committing = True
                         return fn(conn)

@@ -11,14 +11,16 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import psycopg
 
+from .. import workitem as wi
 from ..envelope import Envelope
-from ..errors import JobNotFound, TaskQueueUnavailable
+from ..errors import JobNotFound, LeaseLost, TaskQueueUnavailable
 from ..sqlfiles import migrations
 from ..workitem import Lease, Outcome, Status, WorkItem
 from . import engine
@@ -203,18 +205,23 @@ class PostgresStore:
     def effect_begin(self, lease: Lease, key: str, ttl_s: float) -> Effect | None:
         # Not idempotent: a repeat after an unknown COMMIT would read its own
         # "intended" mark as an effect in flight. Safe retries only.
-        return self._run(
-            lambda tx: engine.effect_begin(tx, lease, key, ttl_s), durable=True, patience_s=WORKER_PATIENCE_S
-        )
+        # Wait for a restarting database only while the lease may still be live:
+        # past it, another worker may own the turn and the effect must not start.
+        patience = max(0.0, min(WORKER_PATIENCE_S, lease.expires_at - time.time()))
+        return self._run(lambda tx: engine.effect_begin(tx, lease, key, ttl_s), durable=True, patience_s=patience)
 
     def effect_end(self, lease: Lease, key: str, *, ok: bool, result: Any) -> None:
-        # The effect happened: recording it must outlast a database restart.
-        self._run(
-            lambda tx: engine.effect_end(tx, lease, key, ok, result),
-            durable=True,
-            idempotent=True,
-            patience_s=WORKER_PATIENCE_S,
-        )
+        # The effect happened: recording it must outlast a database restart. If
+        # the lease expired meanwhile (an outage longer than the TTL), the turn
+        # may already run elsewhere: stop this handler once the truth is written.
+        def op(tx: PostgresTx) -> bool:
+            engine.effect_end(tx, lease, key, ok, result)
+            item = tx.load(lease.job_id, lock=False)
+            return item is not None and item.lease_token == lease.token and wi.lease_is_live(item, tx.now())
+
+        live = self._run(op, durable=True, idempotent=True, patience_s=WORKER_PATIENCE_S)
+        if not live:
+            raise LeaseLost(f"job {lease.job_id}: lease epoch {lease.epoch} expired while recording {key!r}")
 
     def record_poison(self, raw: str, reason: str) -> bool:
         digest = hashlib.sha256(raw.encode()).hexdigest()
