@@ -29,10 +29,13 @@ def _sink(kind: str, *fields: object) -> None:
 def crash_turn(turn: Turn, guard: LeaseGuard) -> dict[str, object]:
     """Work a little, send one recorded effect, work a little more."""
     _sink("start", turn.session_id, turn.job_id, turn.payload["i"])
-    time.sleep(random.uniform(0.0, float(turn.payload.get("max_sleep", 0.03))))
-    guard.side_effect(f"effect:{turn.job_id}", lambda: _sink("effect", turn.job_id))
-    time.sleep(random.uniform(0.0, float(turn.payload.get("max_sleep", 0.03))))
-    _sink("end", turn.session_id, turn.job_id, turn.payload["i"])
+    try:
+        time.sleep(random.uniform(0.0, float(turn.payload.get("max_sleep", 0.03))))
+        guard.side_effect(f"effect:{turn.job_id}", lambda: _sink("effect", turn.job_id))
+        time.sleep(random.uniform(0.0, float(turn.payload.get("max_sleep", 0.03))))
+    finally:
+        # Also when the turn raises (EffectUnknown, LeaseLost): it stopped here.
+        _sink("end", turn.session_id, turn.job_id, turn.payload["i"])
     return {"pid": os.getpid()}
 
 
@@ -40,9 +43,11 @@ def crash_turn(turn: Turn, guard: LeaseGuard) -> dict[str, object]:
 def slow_effect(turn: Turn, guard: LeaseGuard) -> dict[str, object]:
     """Sleep (in wall-clock steps), then one effect: the zombie test pauses us."""
     _sink("start", turn.session_id, turn.job_id, 0)
-    end = time.time() + float(turn.payload["seconds"])
-    while time.time() < end:
-        time.sleep(0.05)
-    guard.side_effect(f"effect:{turn.job_id}", lambda: _sink("effect", turn.job_id))
-    _sink("end", turn.session_id, turn.job_id, 0)
+    try:
+        end = time.time() + float(turn.payload["seconds"])
+        while time.time() < end:
+            time.sleep(0.05)
+        guard.side_effect(f"effect:{turn.job_id}", lambda: _sink("effect", turn.job_id))
+    finally:
+        _sink("end", turn.session_id, turn.job_id, 0)
     return {"pid": os.getpid()}

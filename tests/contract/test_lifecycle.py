@@ -304,7 +304,9 @@ def test_workers_drain_sessions_serially(harness):
         start = time.monotonic()
         time.sleep(0.01)
         with lock:
-            intervals.setdefault(turn.session_id, []).append((start, time.monotonic(), turn.payload["i"]))
+            # A session is scoped by its tenant: key by both.
+            key = f"{turn.tenant}/{turn.session_id}"
+            intervals.setdefault(key, []).append((start, time.monotonic(), turn.payload["i"]))
 
     reg = Registry()
     reg.add("work", handler)
