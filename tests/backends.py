@@ -150,4 +150,4 @@ BUILDERS: dict[str, Callable[..., Harness]] = {
 }
 
 _wanted = os.environ.get("AGENTDISPATCH_TEST_BACKENDS")
-CONTRACT_BACKENDS = [b.strip() for b in _wanted.split(",")] if _wanted else ["sqlite"]
+CONTRACT_BACKENDS = [b.strip() for b in _wanted.split(",")] if _wanted else list(BUILDERS)
