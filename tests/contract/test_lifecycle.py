@@ -358,3 +358,30 @@ def test_heartbeat_rows(harness):
 
 
 Pending = Callable[[], None]
+
+
+def test_async_handlers_and_side_effects_run_on_the_worker_loop(harness):
+    import asyncio
+
+    from agentdispatch.handlers import Registry
+
+    reg = Registry()
+
+    @reg.register("async_turn")
+    async def async_turn(turn, guard):
+        await asyncio.sleep(0.01)
+        sent = guard.side_effect(f"send:{turn.job_id}", lambda: {"sent": turn.payload["n"]})
+        return {"n": turn.payload["n"], "sent": sent}
+
+    d = harness.dispatcher()
+    jobs = [d.submit(Submission(kind="async_turn", tenant="t", payload={"n": i})) for i in range(5)]
+    worker = harness.worker(reg, threads=2)
+    worker.start()
+    try:
+        wait_until(lambda: all(harness.store.get(j.job_id, "t").status.terminal for j in jobs))
+    finally:
+        worker.stop(grace_s=5)
+    for i, j in enumerate(jobs):
+        view = d.status(j.job_id, "t")
+        assert view["status"] == "succeeded" and view["result"] == {"n": i, "sent": {"sent": i}}
+        assert harness.store.history(j.job_id, "t")["side_effects"][0]["state"] == "committed"
