@@ -36,9 +36,7 @@ def _default_data_dir() -> Path:
 class Settings(BaseSettings):
     """Every knob of agentdispatch, read from the environment and validated."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="", case_sensitive=False, extra="ignore", populate_by_name=True
-    )
+    model_config = SettingsConfigDict(env_prefix="", case_sensitive=False, extra="ignore", populate_by_name=True)
 
     task_queue_backend: Backend | None = Field(default=None, alias="TASK_QUEUE_BACKEND")
     state_db_uri: str | None = Field(default=None, alias="STATE_DB_URI")
@@ -50,14 +48,14 @@ class Settings(BaseSettings):
     renew_interval_s: float = Field(default=30.0, gt=0, alias="AGENT_DISPATCH_RENEW_INTERVAL_S")
     max_attempts: int = Field(default=5, ge=1, alias="AGENT_DISPATCH_MAX_ATTEMPTS")
     app: str | None = Field(default=None, alias="AGENT_DISPATCH_APP")
+    mesh_max_turns_per_agent: int = Field(default=4, ge=1, alias="MESH_MAX_TURNS_PER_AGENT")
+    mesh_max_turns: int = Field(default=16, ge=1, alias="MESH_MAX_TURNS")
     #: Durable intake: the key sealing connector credentials (64 hex characters).
     intake_key: SecretStr | None = Field(default=None, alias="AGENT_DISPATCH_INTAKE_KEY")
     #: Durable intake: a receipt commit slower than this answers 503 (providers retry).
     intake_commit_timeout_s: float = Field(default=2.0, gt=0, le=60, alias="AGENT_DISPATCH_INTAKE_COMMIT_TIMEOUT_S")
     #: Durable intake: a webhook body not fully read within this cuts the sender off (408).
     intake_body_timeout_s: float = Field(default=10.0, gt=0, le=120, alias="AGENT_DISPATCH_INTAKE_BODY_TIMEOUT_S")
-    mesh_max_turns_per_agent: int = Field(default=4, ge=1, alias="MESH_MAX_TURNS_PER_AGENT")
-    mesh_max_turns: int = Field(default=16, ge=1, alias="MESH_MAX_TURNS")
 
     @field_validator("task_queue_backend", mode="before")
     @classmethod
