@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from .lease import LeaseGuard
 
 ENTRY_POINT_GROUP = "agentdispatch.handlers"
+log = logging.getLogger("agentdispatch.handlers")
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,11 @@ def discover(app: str | None) -> Registry:
     """Built-ins, then entry points of ``agentdispatch.handlers``, then ``app``."""
     reg = builtins()
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        loaded = ep.load()
+        try:
+            loaded = ep.load()
+        except ImportError as exc:  # an optional extra is not installed
+            log.warning("handler entry point %s skipped: %s", ep.name, exc)
+            continue
         if isinstance(loaded, Registry):
             reg.update(loaded)
         elif callable(loaded):
