@@ -33,6 +33,8 @@ Conn = psycopg.Connection[DictRow]
 
 #: Errors after which the transaction certainly rolled back: run it again.
 _RETRY_NOW = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure, pg_errors.LockNotAvailable)
+ASYNC_COMMIT = "SET LOCAL synchronous_commit = off"
+SYNC_COMMIT = "SET LOCAL synchronous_commit = on"
 NOW_SQL = "SELECT extract(epoch FROM clock_timestamp())::float8 AS now"
 
 
@@ -105,15 +107,27 @@ class PgDb:
         with contextlib.suppress(psycopg.Error):  # the next attempt reports it
             self.pool.check()
 
+    @staticmethod
     @contextmanager
-    def transaction(self, durable: bool) -> Iterator[Conn]:
+    def _begin(conn: Conn, durable: bool, pipeline: bool) -> Iterator[None]:
+        """BEGIN ... COMMIT on ``conn``. In pipeline mode BEGIN (and the commit
+        mode) travel with the first query, and the writes buffered by the last
+        step travel with COMMIT: round trips only where a result is needed."""
+        with contextlib.ExitStack() as stack:
+            if pipeline:
+                stack.enter_context(conn.pipeline())
+            stack.enter_context(conn.transaction())
+            if not durable:
+                conn.execute(ASYNC_COMMIT)
+            yield
+
+    @contextmanager
+    def transaction(self, durable: bool, *, pipeline: bool = False) -> Iterator[Conn]:
         """One transaction on a pooled connection (no retry). Non-durable
         transactions commit asynchronously: losing one in a crash is safe,
         because the next durable commit flushes the WAL written before it."""
         try:
-            with self.pool.connection() as conn, conn.transaction():
-                if not durable:
-                    conn.execute("SET LOCAL synchronous_commit = off")
+            with self.pool.connection() as conn, self._begin(conn, durable, pipeline):
                 yield conn
         except psycopg.Error as exc:
             raise self._unavailable(exc, "transaction") from None
@@ -121,15 +135,19 @@ class PgDb:
     @contextmanager
     def atomic(self, durable: bool) -> Iterator[Conn]:
         """One transaction that every :meth:`run` of this thread joins until it
-        ends (a claim with its delivery, a commit with its acknowledgement)."""
+        ends (a claim with its delivery, a commit with its acknowledgement).
+        It runs in pipeline mode: statements whose result nobody reads yet
+        (BEGIN, the buffered writes, COMMIT) share round trips."""
         current: Conn | None = getattr(self._local, "conn", None)
         if current is not None:
-            if durable:
-                current.execute("SET LOCAL synchronous_commit = on")
+            if durable and not self._local.durable:
+                current.execute(SYNC_COMMIT)
+                self._local.durable = True
             yield current
             return
-        with self.transaction(durable) as conn:
+        with self.transaction(durable, pipeline=True) as conn:
             self._local.conn = conn
+            self._local.durable = durable
             try:
                 yield conn
             finally:
@@ -138,8 +156,9 @@ class PgDb:
     def _joined(self, fn: Callable[[Conn], T], conn: Conn, durable: bool) -> T:
         # Inside atomic(): no retry of our own, the outer transaction decides.
         try:
-            if durable:
-                conn.execute("SET LOCAL synchronous_commit = on")
+            if durable and not self._local.durable:
+                conn.execute(SYNC_COMMIT)
+                self._local.durable = True
             return fn(conn)
         except psycopg.Error as exc:
             raise self._unavailable(exc, "transaction") from None
@@ -152,13 +171,17 @@ class PgDb:
         idempotent: bool = False,
         patience_s: float = 0.0,
         single: bool = False,
+        pipeline: bool = False,
     ) -> T:
         """Run ``fn`` in one transaction. A transaction that certainly rolled
         back is retried: at once after a deadlock or a stale pooled connection,
         and for up to ``patience_s`` seconds while the database restarts. When
         the connection dies during COMMIT the outcome is unknown: only an
         ``idempotent`` transaction is retried then. ``single``: ``fn`` runs one
-        statement in autocommit (one round trip; always durable)."""
+        statement in autocommit (one round trip; always durable). ``pipeline``:
+        run the transaction in pipeline mode (see :meth:`_begin`); COMMIT then
+        also carries the last buffered writes, so a connection lost at that
+        point leaves the outcome unknown, as for COMMIT itself."""
         current: Conn | None = getattr(self._local, "conn", None)
         if current is not None:
             return self._joined(fn, current, durable)
@@ -175,9 +198,7 @@ class PgDb:
                     if single:
                         committing = True
                         return fn(conn)
-                    with conn.transaction():
-                        if not durable:
-                            conn.execute("SET LOCAL synchronous_commit = off")
+                    with self._begin(conn, durable, pipeline):
                         result = fn(conn)
                         committing = True
                     return result

@@ -62,6 +62,10 @@ class PostgresTx:
         self._now: float | None = None
         self._seqs: list[int] = []
         self._prefetched: dict[str, WorkItem | None] = {}
+        #: Items read by :meth:`read_item` that nothing depends on.
+        self._leaves: set[str] = set()
+        #: (item id, blocker status, blocker lease expiry) read by a claim's :meth:`read_item`.
+        self._blocker: tuple[str, str | None, float | None] | None = None
         self._inserts: list[dict[str, Any]] = []
         self._saves: list[dict[str, Any]] = []
         self._events: list[dict[str, Any]] = []
@@ -110,6 +114,20 @@ class PostgresTx:
         ids = sorted(set(job_ids))
         found = {r["id"]: item_from_row(r) for r in self._all(Q["load_many"], {"ids": ids})}
         self._prefetched = {i: found.get(i) for i in ids}
+
+    def read_item(self, job_id: str, *, session: bool = False) -> None:
+        """The clock and one item, locked, in one round trip (the read half of
+        a claim, renewal or commit). With ``session``, also take the item's
+        session lock and read what blocks the session (:meth:`session_blocker`)."""
+        row = self._one(Q["item_read"], {"id": job_id, "session": session})
+        assert row is not None
+        self._now = float(row["now"])
+        data = row["item"]
+        self._prefetched[job_id] = None if data is None else item_from_row(data)
+        if data is not None and row["leaf"]:
+            self._leaves.add(job_id)
+        if data is not None and session:
+            self._blocker = (job_id, row["blocker_status"], row["blocker_expires_at"])
 
     def reserve_seqs(self, n: int) -> None:
         """Allocate ``n`` item sequence numbers in one round trip."""
@@ -196,6 +214,8 @@ class PostgresTx:
         self.c.cursor().executemany(Q["add_dependency"], [(d, job_id) for d in deps])
 
     def dependants(self, job_id: str) -> list[str]:
+        if job_id in self._leaves:
+            return []  # read_item found none, after taking the item's lock
         return [r["job_id"] for r in self._all(Q["dependants"], {"id": job_id})]
 
     def active_count(self) -> int:
@@ -205,15 +225,23 @@ class PostgresTx:
         return int(row["n"])
 
     def session_blocker(self, item: WorkItem, now: float) -> float | None:
-        ref = self.session_ref(item)
-        # The lock comes first, in its own statement, so that the blocker query's
-        # snapshot (taken when it starts) includes the previous holder's commit.
-        self._one(Q["session_lock"], {"session_ref": ref})
-        row = self._one(Q["session_blocker"], {"session_ref": ref, "id": item.id, "seq": item.seq})
-        if row is None:
+        if self._blocker is not None and self._blocker[0] == item.id:
+            # Read under the session lock by read_item(session=True); the lock is
+            # held to COMMIT, so no other claim of the session has run since.
+            _id, status, expires = self._blocker
+        else:
+            ref = self.session_ref(item)
+            # The lock comes first, in its own statement, so that the blocker query's
+            # snapshot (taken when it starts) includes the previous holder's commit.
+            self._one(Q["session_lock"], {"session_ref": ref})
+            row = self._one(Q["session_blocker"], {"session_ref": ref, "id": item.id, "seq": item.seq})
+            if row is None:
+                return None
+            status, expires = row["status"], row["lease_expires_at"]
+        if status is None:
             return None
-        if row["status"] in ("leased", "running") and row["lease_expires_at"] is not None:
-            return max(0.05, min(5.0, float(row["lease_expires_at"]) - now))
+        if status in ("leased", "running") and expires is not None:
+            return max(0.05, min(5.0, float(expires) - now))
         return 0.5
 
     def effect_get(self, tenant: str, key: str) -> Effect | None:
@@ -250,4 +278,4 @@ class PostgresTx:
 
     def drop_dead_rows(self) -> int:
         self.flush()
-        return self.c.execute(Q["drop_dead_rows"]).rowcount
+        return len(self.c.execute(Q["drop_dead_rows"]).fetchall())

@@ -196,7 +196,7 @@ class PostgresTransport:
         params = self._receipt(delivery)
 
         def op(conn: Conn) -> bool:
-            return conn.execute(Q["ack"], params).rowcount == 1
+            return conn.execute(Q["ack"], params).fetchone() is not None
 
         # A lost ack is only a redelivery (the store then answers "skipped").
         return self.db.run(op, single=True, idempotent=True, patience_s=5.0)

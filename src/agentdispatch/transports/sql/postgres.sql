@@ -56,8 +56,10 @@ WITH clock AS MATERIALIZED (
 SELECT id, envelope, deliveries, claimed_at FROM claimed
 
 -- name: ack
+-- RETURNING: the answer is a row, which pipeline mode delivers on fetch.
 DELETE FROM agent_dispatch_queue
 WHERE id = %(id)s AND claimed_by = %(owner)s AND claimed_at = %(claimed_at)s
+RETURNING id
 
 -- name: release
 UPDATE agent_dispatch_queue

@@ -96,6 +96,38 @@ DROP TRIGGER IF EXISTS work_items_deleted ON work_items;
 CREATE TRIGGER work_items_deleted AFTER DELETE ON work_items
     REFERENCING OLD TABLE AS removed FOR EACH STATEMENT EXECUTE FUNCTION dispatch_items_deleted();
 
+-- The read half of a transition in one round trip: the clock, the item (locked),
+-- whether any item waits on it and, for a claim (p_session), what blocks its
+-- session. Each query of a VOLATILE function takes a fresh snapshot, so the
+-- queries after a lock see the commit of whoever held it before.
+CREATE OR REPLACE FUNCTION dispatch_item_read(p_id text, p_session boolean)
+RETURNS TABLE (
+    now double precision, item json, leaf boolean, blocker_status text, blocker_expires_at double precision
+)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    w work_items;
+BEGIN
+    now := extract(epoch FROM clock_timestamp())::float8;
+    SELECT * INTO w FROM work_items WHERE id = p_id FOR UPDATE;
+    IF FOUND THEN
+        item := row_to_json(w);
+        leaf := NOT EXISTS (SELECT 1 FROM work_dependencies d WHERE d.depends_on = p_id);
+        IF p_session THEN
+            -- Fleet-wide per-session exclusion, held to the end of the claim.
+            PERFORM pg_advisory_xact_lock(hashtextextended('agentdispatch.session:' || w.session_ref, 0));
+            SELECT b.status, b.lease_expires_at INTO blocker_status, blocker_expires_at
+            FROM work_items b
+            WHERE b.session_ref = w.session_ref
+              AND b.status IN ('submitted', 'ready', 'leased', 'running')
+              AND b.id <> w.id
+              AND (b.seq < w.seq OR b.status IN ('leased', 'running'))
+            LIMIT 1;
+        END IF;
+    END IF;
+    RETURN NEXT;
+END $$;
+
 CREATE TABLE IF NOT EXISTS work_dependencies (
     depends_on text NOT NULL,
     job_id     text NOT NULL,

@@ -7,6 +7,9 @@ SELECT * FROM work_items WHERE id = %(id)s
 -- name: load_lock
 SELECT * FROM work_items WHERE id = %(id)s FOR UPDATE
 
+-- name: item_read
+SELECT now, item, leaf, blocker_status, blocker_expires_at FROM dispatch_item_read(%(id)s, %(session)s)
+
 -- name: load_many
 SELECT * FROM work_items WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE
 
@@ -126,6 +129,7 @@ WHERE id IN (
     LIMIT 500
     FOR UPDATE OF q SKIP LOCKED
 )
+RETURNING id
 
 -- name: list
 SELECT * FROM work_items
@@ -140,8 +144,9 @@ WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s) GROUP BY status
 SELECT at, event, status, attempt, epoch, detail FROM work_events WHERE job_id = %(id)s ORDER BY id
 
 -- name: record_poison
+-- RETURNING (not rowcount): pipeline mode delivers rows on fetch.
 INSERT INTO poison_envelopes (digest, raw, reason, created_at) VALUES (%s, %s, %s, %s)
-ON CONFLICT DO NOTHING
+ON CONFLICT DO NOTHING RETURNING digest
 
 -- name: poison
 SELECT digest, raw, reason, created_at FROM poison_envelopes ORDER BY created_at DESC LIMIT %(limit)s
