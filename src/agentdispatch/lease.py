@@ -3,6 +3,7 @@ every side effect, and refuses once the lease is lost."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -72,10 +73,9 @@ class LeaseGuard:
         """One background renewal; store hiccups are retried next tick."""
         if self._stop.is_set() or self._lost is not None:
             return
-        try:
+        # LeaseLost is remembered by renew(); a store hiccup is retried next tick.
+        with contextlib.suppress(AgentDispatchError):
             self.renew()
-        except AgentDispatchError:
-            pass  # LeaseLost is remembered by renew(); anything else: next tick
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every) and self._lost is None:
