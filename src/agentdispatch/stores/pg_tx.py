@@ -79,6 +79,14 @@ class PostgresTx:
         # Plain round trips: for the usual two or three statements they beat
         # entering pipeline mode; executemany pipelines many saves by itself.
         # Arrays travel in binary: text-format array quoting dominates bulk submits.
+        if not self._inserts and not self._enqueues and len(self._saves) == 1 and len(self._events) == 1:
+            # The hot path of a commit: one statement instead of two.
+            params = dict(self._saves[0])
+            params.update({f"e_{k}": v for k, v in self._events[0].items()})
+            self.c.execute(Q["save_event"], params)
+            self._saves.clear()
+            self._events.clear()
+            return
         if self._inserts:
             self.c.execute(Q["insert_many"], _columns(self._inserts, _INSERT_COLS), binary=True)
         if len(self._saves) == 1:

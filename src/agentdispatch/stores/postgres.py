@@ -65,7 +65,6 @@ class PostgresStore:
         durable: bool = False,
         idempotent: bool = False,
         patience_s: float = 0.0,
-        pipeline: bool = False,
     ) -> T:
         key = self._key()
 
@@ -75,7 +74,7 @@ class PostgresStore:
             tx.flush()
             return result
 
-        return self.db.run(body, durable=durable, idempotent=idempotent, patience_s=patience_s, pipeline=pipeline)
+        return self.db.run(body, durable=durable, idempotent=idempotent, patience_s=patience_s)
 
     @contextmanager
     def transaction(self, durable: bool = False) -> Iterator[PostgresTx]:
@@ -143,21 +142,20 @@ class PostgresStore:
         return self._run(op, durable=True)
 
     # The hot path reads the clock, the locked item (and for a claim the
-    # session gate) in one round trip, buffers its writes and, in pipeline
-    # mode, sends them with COMMIT: two round trips per transition.
+    # session gate) in one round trip and writes back in one statement.
     def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
         def op(tx: PostgresTx) -> Claim:
             tx.read_item(job_id, session=True)
             return engine.claim(tx, job_id, tenant, owner, ttl_s)
 
-        return self._run(op, pipeline=True)
+        return self._run(op)
 
     def renew(self, lease: Lease, ttl_s: float) -> Lease:
         def op(tx: PostgresTx) -> Lease:
             tx.read_item(lease.job_id)
             return engine.renew(tx, lease, ttl_s)
 
-        return self._run(op, idempotent=True, pipeline=True)
+        return self._run(op, idempotent=True)
 
     def commit(self, lease: Lease, outcome: Outcome) -> WorkItem:
         def op(tx: PostgresTx) -> WorkItem:
@@ -165,7 +163,7 @@ class PostgresStore:
             return engine.commit(tx, lease, outcome)
 
         # Idempotent: a repeat of the same fenced commit is a no-op.
-        return self._run(op, durable=True, idempotent=True, patience_s=WORKER_PATIENCE_S, pipeline=True)
+        return self._run(op, durable=True, idempotent=True, patience_s=WORKER_PATIENCE_S)
 
     def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> WorkItem:
         return self._run(lambda tx: engine.cancel(tx, job_id, tenant, reason), durable=True, idempotent=True)

@@ -38,6 +38,19 @@ UPDATE work_items SET
     lease_expires_at = %(lease_expires_at)s, result = %(result)s, error = %(error)s
 WHERE id = %(id)s
 
+-- name: save_event
+-- The usual write of a commit (one item, one provenance row) in one statement.
+WITH saved AS (
+    UPDATE work_items SET
+        status = %(status)s, reason = %(reason)s, attempts = %(attempts)s, max_attempts = %(max_attempts)s,
+        ready_at = %(ready_at)s, updated_at = %(updated_at)s, completed_at = %(completed_at)s,
+        lease_owner = %(lease_owner)s, lease_epoch = %(lease_epoch)s, lease_token = %(lease_token)s,
+        lease_expires_at = %(lease_expires_at)s, result = %(result)s, error = %(error)s
+    WHERE id = %(id)s
+)
+INSERT INTO work_events (job_id, at, event, status, attempt, epoch, detail)
+VALUES (%(e_job_id)s, %(e_at)s, %(e_event)s, %(e_status)s, %(e_attempt)s, %(e_epoch)s, %(e_detail)s)
+
 -- name: event_many
 INSERT INTO work_events (job_id, at, event, status, attempt, epoch, detail)
 SELECT * FROM unnest(
