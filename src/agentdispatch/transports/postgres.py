@@ -41,10 +41,15 @@ class _Wakeup:
         with self._cond:
             return self._gen
 
-    def bump(self) -> None:
+    def bump(self, *, everyone: bool = True) -> None:
+        """Move the counter; wake every waiter, or one (a notification that
+        says "new rows": the woken waiter passes it on when it found one)."""
         with self._cond:
             self._gen += 1
-            self._cond.notify_all()
+            if everyone:
+                self._cond.notify_all()
+            else:
+                self._cond.notify(1)
 
     def wait(self, seen: int, timeout: float) -> None:
         with self._cond:
@@ -98,7 +103,8 @@ class _Listener:
                     last_probe = time.monotonic()
                     while not self._stop.is_set():
                         for _ in conn.notifies(timeout=1.0, stop_after=1):
-                            self.wake.bump()
+                            # One waiter, not all: the others would only race it for one row.
+                            self.wake.bump(everyone=False)
                         if time.monotonic() - last_probe > 15.0:
                             # A half-open connection delivers nothing: probe it.
                             conn.execute("SELECT 1")
@@ -179,12 +185,17 @@ class PostgresTransport:
     def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
         listener = self._ensure_listener()
         deadline = time.monotonic() + wait_s
+        waited = False
         while True:
             seen = self._wake.generation()
             got = self._get_once(owner, visibility_s)
             left = deadline - time.monotonic()
+            if got is not None and waited:
+                # Woken alone: there may be more rows, wake the next waiter.
+                self._wake.bump(everyone=False)
             if got is not None or left <= 0:
                 return got
+            waited = True
             poll = self.poll_s if listener is not None and listener.healthy else self.fallback_poll_s
             self._wake.wait(seen, min(poll, left))
 
