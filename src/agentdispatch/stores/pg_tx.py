@@ -64,6 +64,8 @@ class PostgresTx:
         self._prefetched: dict[str, WorkItem | None] = {}
         #: Items read by :meth:`read_item` that nothing depends on.
         self._leaves: set[str] = set()
+        #: The admitted depth read under the admission lock by :meth:`read_submit`.
+        self._depth: int | None = None
         #: (item id, blocker status, blocker lease expiry) read by a claim's :meth:`read_item`.
         self._blocker: tuple[str, str | None, float | None] | None = None
         self._inserts: list[dict[str, Any]] = []
@@ -86,6 +88,16 @@ class PostgresTx:
             self.c.execute(Q["save_event"], params)
             self._saves.clear()
             self._events.clear()
+            return
+        if self._inserts and self._enqueues and not self._saves:
+            # The usual submission: items, events and envelopes in one statement.
+            params = _columns(self._inserts, _INSERT_COLS)
+            params.update({f"e_{k}": v for k, v in _columns(self._events, _EVENT_COLS).items()})
+            params.update({f"q_{k}": v for k, v in _columns(self._enqueues, _ENQUEUE_COLS).items()})
+            self.c.execute(Q["submit_write"], params, binary=True)
+            self._inserts.clear()
+            self._events.clear()
+            self._enqueues.clear()
             return
         if self._inserts:
             self.c.execute(Q["insert_many"], _columns(self._inserts, _INSERT_COLS), binary=True)
@@ -136,6 +148,18 @@ class PostgresTx:
             self._leaves.add(job_id)
         if data is not None and session:
             self._blocker = (job_id, row["blocker_status"], row["blocker_expires_at"])
+
+    def read_submit(self, job_ids: Sequence[str], n: int) -> None:
+        """Admission lock, clock, admitted depth, ``n`` sequence numbers and the
+        existing items among ``job_ids`` (locked): one round trip."""
+        ids = sorted(set(job_ids))
+        row = self._one(Q["submit_read"], {"ids": ids, "n": n})
+        assert row is not None
+        self._now = float(row["now"])
+        self._depth = int(row["depth"])
+        self._seqs = [int(x) for x in reversed(row["seqs"] or [])]
+        found = {r["id"]: item_from_row(r) for r in (row["items"] or [])}
+        self._prefetched = {i: found.get(i) for i in ids}
 
     def reserve_seqs(self, n: int) -> None:
         """Allocate ``n`` item sequence numbers in one round trip."""
@@ -227,6 +251,9 @@ class PostgresTx:
         return [r["job_id"] for r in self._all(Q["dependants"], {"id": job_id})]
 
     def active_count(self) -> int:
+        if self._depth is not None and not (self._inserts or self._saves):
+            depth, self._depth = self._depth, None
+            return depth  # read under the admission lock, before any write of ours
         self.admission_lock()
         row = self._one(Q["active_count"])
         assert row is not None

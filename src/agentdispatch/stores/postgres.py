@@ -134,9 +134,7 @@ class PostgresStore:
     def submit(self, jobs: Sequence[NewJob], *, max_depth: int) -> list[Accepted]:
         def op(tx: PostgresTx) -> list[Accepted]:
             # Admission first: submitters of the same job id see each other.
-            tx.admission_lock()
-            tx.prefetch([j.job_id for j in jobs])
-            tx.reserve_seqs(len(jobs))
+            tx.read_submit([j.job_id for j in jobs], len(jobs))
             return engine.submit(tx, jobs, max_depth)
 
         return self._run(op, durable=True)

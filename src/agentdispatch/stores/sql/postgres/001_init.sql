@@ -128,6 +128,22 @@ BEGIN
     RETURN NEXT;
 END $$;
 
+-- The read half of a submission in one round trip: take the admission lock
+-- (serializes compare-and-admit), then, in fresh snapshots, the clock, the
+-- admitted depth, n item sequence numbers and the existing items (locked).
+CREATE OR REPLACE FUNCTION dispatch_submit_read(p_ids text[], p_n integer)
+RETURNS TABLE (now double precision, depth bigint, seqs bigint[], items json)
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('agentdispatch.admission:' || current_schema(), 0));
+    now := extract(epoch FROM clock_timestamp())::float8;
+    depth := (SELECT coalesce(sum(d.n), 0)::bigint FROM dispatch_depth d);
+    seqs := ARRAY(SELECT nextval(pg_get_serial_sequence('work_items', 'seq')) FROM generate_series(1, p_n));
+    items := (SELECT json_agg(row_to_json(w)) FROM (
+        SELECT * FROM work_items WHERE id = ANY(p_ids) ORDER BY id FOR UPDATE) w);
+    RETURN NEXT;
+END $$;
+
 CREATE TABLE IF NOT EXISTS work_dependencies (
     depends_on text NOT NULL,
     job_id     text NOT NULL,

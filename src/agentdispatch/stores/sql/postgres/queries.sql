@@ -10,6 +10,42 @@ SELECT * FROM work_items WHERE id = %(id)s FOR UPDATE
 -- name: item_read
 SELECT now, item, leaf, blocker_status, blocker_expires_at FROM dispatch_item_read(%(id)s, %(session)s)
 
+-- name: submit_read
+SELECT now, depth, seqs, items FROM dispatch_submit_read(%(ids)s::text[], %(n)s)
+
+-- name: submit_write
+-- A submission's rows in one statement (items, provenance, envelopes); the
+-- statement triggers run at its end, as they would after three statements.
+WITH items AS (
+    INSERT INTO work_items (
+        seq, id, tenant, session_id, session_ref, kind, agent_name, payload, priority, status,
+        reason, attempts, max_attempts, dependencies, deadline_unix, created_at, ready_at,
+        updated_at, lease_epoch
+    )
+    SELECT * FROM unnest(
+        %(seq)s::bigint[], %(id)s::text[], %(tenant)s::text[], %(session_id)s::text[],
+        %(session_ref)s::text[], %(kind)s::text[], %(agent_name)s::text[], %(payload)s::text[],
+        %(priority)s::int[], %(status)s::text[], %(reason)s::text[], %(attempts)s::int[],
+        %(max_attempts)s::int[], %(dependencies)s::text[], %(deadline_unix)s::float8[],
+        %(created_at)s::float8[], %(ready_at)s::float8[], %(updated_at)s::float8[], %(lease_epoch)s::bigint[]
+    )
+), events AS (
+    INSERT INTO work_events (job_id, at, event, status, attempt, epoch, detail)
+    SELECT * FROM unnest(
+        %(e_job_id)s::text[], %(e_at)s::float8[], %(e_event)s::text[], %(e_status)s::text[],
+        %(e_attempt)s::int[], %(e_epoch)s::bigint[], %(e_detail)s::text[]
+    )
+)
+INSERT INTO agent_dispatch_queue (
+    job_id, item_seq, session_ref, tenant_ref, group_ref, priority, deadline_unix, envelope,
+    enqueued_at, visible_at
+)
+SELECT * FROM unnest(
+    %(q_job_id)s::text[], %(q_item_seq)s::bigint[], %(q_session_ref)s::text[], %(q_tenant_ref)s::text[],
+    %(q_group_ref)s::text[], %(q_priority)s::int[], %(q_deadline_unix)s::float8[], %(q_envelope)s::text[],
+    %(q_enqueued_at)s::float8[], %(q_visible_at)s::float8[]
+)
+
 -- name: load_many
 SELECT * FROM work_items WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE
 
