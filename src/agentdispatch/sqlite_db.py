@@ -29,6 +29,9 @@ class SqliteDb:
         # Threads of one process queue on this mutex rather than on SQLite's
         # busy handler, which sleeps in steps of milliseconds.
         self._writer = threading.Lock()
+        # Group commit: durable transactions of concurrent threads share one.
+        self._batches = threading.Condition()
+        self._batch: _Batch | None = None
 
     def _open(self, durable: bool) -> sqlite3.Connection:
         try:
@@ -86,10 +89,15 @@ class SqliteDb:
 
     @contextmanager
     def tx(self, durable: bool = False) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` write transaction (or the open :meth:`atomic`)."""
+        """One ``BEGIN IMMEDIATE`` write transaction (or the open :meth:`atomic`).
+        Durable ones are group-committed with those of other threads."""
         current: sqlite3.Connection | None = getattr(self._local, "current", None)
         if current is not None:
             yield current
+            return
+        if durable:
+            with self._durable() as conn:
+                yield conn
             return
         conn = self.conn(durable)
         with self._writer:
@@ -106,6 +114,83 @@ class SqliteDb:
             else:
                 conn.execute("COMMIT")
 
+    @contextmanager
+    def _durable(self) -> Iterator[sqlite3.Connection]:
+        """Group commit with a ``with`` block: the first thread opens a
+        ``synchronous=FULL`` transaction (the leader); threads arriving before
+        it commits run their blocks in it too, each in its own savepoint, one
+        at a time; one COMMIT (one fsync) makes them all durable, and only then
+        does any of them return. A block that raises is rolled back alone."""
+        with self._batches:
+            batch = self._batch
+            lead = batch is None or batch.sealed
+            if lead:
+                batch = self._batch = _Batch()
+            assert batch is not None
+            batch.joined += 1
+        if lead:
+            self._open_batch(batch)
+        else:
+            batch.opened.wait()
+        ok = False
+        try:
+            if batch.error is not None:
+                raise TaskQueueUnavailable(f"SQLite queue unavailable ({batch.error})")
+            assert batch.conn is not None
+            with batch.turn:
+                conn = batch.conn
+                conn.execute("SAVEPOINT member")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute("ROLLBACK TO member")
+                    conn.execute("RELEASE member")
+                    raise
+                conn.execute("RELEASE member")
+                ok = True
+        finally:
+            with self._batches:
+                batch.finished += 1
+                self._batches.notify_all()
+            if lead:
+                self._commit_batch(batch)
+        if ok:
+            batch.committed.wait()
+            if batch.error is not None:
+                raise TaskQueueUnavailable(f"SQLite commit failed ({batch.error})")
+
+    def _open_batch(self, batch: _Batch) -> None:
+        try:
+            conn = self.conn(durable=True)
+            self._writer.acquire()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except BaseException:
+                self._writer.release()
+                raise
+            batch.conn = conn
+        except (sqlite3.Error, TaskQueueUnavailable) as exc:
+            batch.error = exc
+        finally:
+            batch.opened.set()
+
+    def _commit_batch(self, batch: _Batch) -> None:
+        with self._batches:
+            self._batches.wait_for(lambda: batch.finished == batch.joined)
+            batch.sealed = True
+        if batch.conn is None:  # never opened: nothing to commit
+            batch.committed.set()
+            return
+        try:
+            batch.conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            batch.error = exc
+            with suppress(sqlite3.Error):
+                batch.conn.execute("ROLLBACK")
+        finally:
+            self._writer.release()
+            batch.committed.set()
+
     def now(self) -> float:
         """Database time (the host clock, as SQLite reads it)."""
         return float(self.conn().execute(NOW_SQL).fetchone()[0])
@@ -118,3 +203,17 @@ class SqliteDb:
                     conn.close()
             self._all.clear()
         self._local = threading.local()
+
+
+class _Batch:
+    """One group-committed durable transaction and its members."""
+
+    def __init__(self) -> None:
+        self.conn: sqlite3.Connection | None = None
+        self.error: BaseException | None = None
+        self.opened = threading.Event()
+        self.committed = threading.Event()
+        self.turn = threading.Lock()  # one member's block at a time
+        self.joined = 0
+        self.finished = 0
+        self.sealed = False

@@ -153,7 +153,9 @@ def submit(tx: Tx, jobs: Sequence[NewJob], max_depth: int) -> list[Accepted]:
         if job.dependencies:
             statuses: list[Status | None] = []
             for dep in job.dependencies:
-                parent = seen.get(dep) or tx.load(dep, lock=False)
+                # Locked: a parent committing concurrently either sees this child
+                # (and releases it) or is seen terminal here; never neither.
+                parent = seen.get(dep) or tx.load(dep)
                 if parent is None or parent.tenant != job.tenant:
                     raise InvalidInput(f"dependency {dep} of job {job.job_id} does not exist")
                 statuses.append(parent.status)

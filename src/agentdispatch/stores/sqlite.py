@@ -14,7 +14,6 @@ from typing import Any
 
 from ..envelope import Envelope
 from ..errors import TaskQueueUnavailable
-from ..groupcommit import GroupCommit, savepoint_factory
 from ..policy import opaque_ref
 from ..sqlfiles import migrations, queries
 from ..sqlite_db import SqliteDb
@@ -167,12 +166,6 @@ class SqliteStore:
         self.db = path if isinstance(path, SqliteDb) else SqliteDb(path)
         self.extra_attempts = extra_attempts
         self._ref_key: bytes | None = None
-        # Durable writes of concurrent threads share one transaction and fsync.
-        self.group = GroupCommit(
-            lambda: self._tx(durable=True),
-            savepoint_factory(lambda tx, sql: tx.c.execute(sql)),
-            joined=self.db.joined,
-        )
 
     # -- plumbing -----------------------------------------------------------
     @contextmanager
@@ -235,7 +228,8 @@ class SqliteStore:
 
     # -- lifecycle ----------------------------------------------------------
     def submit(self, jobs: Sequence[NewJob], *, max_depth: int) -> list[Accepted]:
-        return self.group.run(lambda tx: engine.submit(tx, jobs, max_depth))
+        with self._tx(durable=True) as tx:
+            return engine.submit(tx, jobs, max_depth)
 
     def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
         with self._tx() as tx:
@@ -246,13 +240,16 @@ class SqliteStore:
             return engine.renew(tx, lease, ttl_s)
 
     def commit(self, lease: Lease, outcome: Outcome) -> WorkItem:
-        return self.group.run(lambda tx: engine.commit(tx, lease, outcome))
+        with self._tx(durable=True) as tx:
+            return engine.commit(tx, lease, outcome)
 
     def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> WorkItem:
-        return self.group.run(lambda tx: engine.cancel(tx, job_id, tenant, reason))
+        with self._tx(durable=True) as tx:
+            return engine.cancel(tx, job_id, tenant, reason)
 
     def replay(self, job_id: str, tenant: str | None) -> WorkItem:
-        return self.group.run(lambda tx: engine.replay(tx, job_id, tenant, self.extra_attempts))
+        with self._tx(durable=True) as tx:
+            return engine.replay(tx, job_id, tenant, self.extra_attempts)
 
     # -- reads --------------------------------------------------------------
     def get(self, job_id: str, tenant: str | None) -> WorkItem:
@@ -291,10 +288,12 @@ class SqliteStore:
 
     # -- side effects, poison ----------------------------------------------
     def effect_begin(self, lease: Lease, key: str, ttl_s: float) -> Effect | None:
-        return self.group.run(lambda tx: engine.effect_begin(tx, lease, key, ttl_s))
+        with self._tx(durable=True) as tx:
+            return engine.effect_begin(tx, lease, key, ttl_s)
 
     def effect_end(self, lease: Lease, key: str, *, ok: bool, result: Any) -> None:
-        self.group.run(lambda tx: engine.effect_end(tx, lease, key, ok, result))
+        with self._tx(durable=True) as tx:
+            engine.effect_end(tx, lease, key, ok, result)
 
     def record_poison(self, raw: str, reason: str) -> bool:
         digest = hashlib.sha256(raw.encode()).hexdigest()
@@ -307,7 +306,8 @@ class SqliteStore:
 
     # -- reconciler, fleet, outbox -----------------------------------------
     def sweep(self, *, redeliver_after_s: float) -> SweepReport:
-        return self.group.run(lambda tx: engine.sweep(tx, redeliver_after_s))
+        with self._tx(durable=True) as tx:
+            return engine.sweep(tx, redeliver_after_s)
 
     def heartbeat(self, row: WorkerRow) -> None:
         with self._tx() as tx:

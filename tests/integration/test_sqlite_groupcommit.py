@@ -1,0 +1,73 @@
+"""Group commit on a real SQLite file: concurrent durable transactions share
+one COMMIT, a failing one is rolled back alone, and nobody returns early."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from agentdispatch.sqlite_db import SqliteDb
+
+
+def test_concurrent_durable_writes_share_commits_and_fail_alone(tmp_path: Path) -> None:
+    db = SqliteDb(tmp_path / "g.db")
+    with db.tx() as c:
+        c.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, who TEXT)")
+    commits = 0
+    original = db._commit_batch
+
+    def counting(batch):  # type: ignore[no-untyped-def]
+        nonlocal commits
+        commits += 1
+        original(batch)
+
+    db._commit_batch = counting  # type: ignore[method-assign]
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+    visible_after_return: list[bool] = []
+
+    def writer(n: int) -> None:
+        barrier.wait()
+        for i in range(50):
+            key = n * 1000 + i
+            try:
+                with db.tx(durable=True) as c:
+                    c.execute("INSERT INTO t VALUES (?, ?)", (key, f"w{n}"))
+                    if i % 10 == 9:
+                        raise RuntimeError("this block fails")
+            except RuntimeError as exc:
+                errors.append(exc)
+                continue
+            # A fresh connection sees it: durable and committed before return.
+            other = SqliteDb(tmp_path / "g.db")
+            visible_after_return.append(
+                other.conn().execute("SELECT 1 FROM t WHERE k = ?", (key,)).fetchone() is not None
+            )
+            other.close()
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rows = {r[0] for r in db.conn().execute("SELECT k FROM t")}
+    assert len(errors) == 8 * 5
+    assert len(rows) == 8 * 45 and all(k % 1000 % 10 != 9 for k in rows)
+    assert all(visible_after_return) and len(visible_after_return) == 8 * 45
+    assert commits < 8 * 50, "no two transactions ever shared a commit"
+    db.close()
+
+
+def test_a_block_that_raises_outside_a_group_rolls_back(tmp_path: Path) -> None:
+    db = SqliteDb(tmp_path / "g.db")
+    with db.tx() as c:
+        c.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
+    with pytest.raises(ValueError), db.tx(durable=True) as c:
+        c.execute("INSERT INTO t VALUES (1)")
+        raise ValueError
+    with db.tx(durable=True) as c:
+        c.execute("INSERT INTO t VALUES (2)")
+    assert [r[0] for r in db.conn().execute("SELECT k FROM t")] == [2]
+    db.close()
