@@ -385,3 +385,22 @@ def test_async_handlers_and_side_effects_run_on_the_worker_loop(harness):
         view = d.status(j.job_id, "t")
         assert view["status"] == "succeeded" and view["result"] == {"n": i, "sent": {"sent": i}}
         assert harness.store.history(j.job_id, "t")["side_effects"][0]["state"] == "committed"
+
+
+def test_reconciler_heals_a_missed_dependency_release(harness):
+    from dataclasses import replace
+
+    d = harness.dispatcher()
+    parent = d.submit(Submission(kind="echo", tenant="t"))
+    child = d.submit(Submission(kind="echo", tenant="t", dependencies=(parent.job_id,)))
+    c = harness.store.claim(parent.job_id, "t", owner="w", ttl_s=30)
+    assert c.lease is not None
+    harness.store.commit(c.lease, Outcome(ok=True))
+    # Force the state a lost release would leave: child still waiting.
+    with harness.store.transaction(durable=True) as tx:
+        item = tx.load(child.job_id)
+        tx.save(replace(item, status=Status.SUBMITTED))
+    assert d.status(child.job_id, "t")["status"] == "submitted"
+    harness.store.sweep(redeliver_after_s=harness.transport.redeliver_after_s)
+    assert d.status(child.job_id, "t")["status"] == "ready"
+    get_for(harness.transport, child.job_id)

@@ -77,6 +77,10 @@ class Tx(Protocol):
         """Ready items with no envelope row, or whose envelope was handed to an
         external transport more than ``redeliver_after_s`` ago and not run."""
 
+    def settled_waiters(self, limit: int) -> list[WorkItem]:
+        """Submitted items none of whose dependencies is still active (a missed
+        release: healed by the reconciler)."""
+
     def drop_dead_rows(self) -> int:
         """Delete queue rows whose item is terminal (never claimed ones)."""
 
@@ -334,6 +338,16 @@ def sweep(tx: Tx, redeliver_after_s: float, limit: int = 500) -> SweepReport:
     for item in tx.expired_deadlines(now, limit):
         _cancel_cascade(tx, item, now, "expired")
         report.expired += 1
+    for item in tx.settled_waiters(limit):
+        statuses: list[Status | None] = []
+        for pid in item.dependencies:
+            parent = tx.load(pid, lock=False)
+            statuses.append(None if parent is None else parent.status)
+        if wi.dependency_decision(statuses) == "release":
+            _make_ready(tx, _save(tx, wi.release(item, now), "released"), now)
+        else:
+            _cancel_cascade(tx, item, now, "dependency_failed")
+        report.redelivered += 1
     for item in tx.stranded(now, redeliver_after_s, limit):
         # Touch the item so the next pass waits another grace period.
         item = _save(tx, replace(item, updated_at=now), "redelivered")

@@ -311,6 +311,9 @@ class PostgresTx:
         rows = self._all(Q["stranded"], {"now": now, "grace": redeliver_after_s, "limit": limit})
         return [item_from_row(r) for r in rows]
 
+    def settled_waiters(self, limit: int) -> list[WorkItem]:
+        return [item_from_row(r) for r in self._all(Q["settled_waiters"], {"limit": limit})]
+
     def drop_dead_rows(self) -> int:
         self.flush()
         return len(self.c.execute(Q["drop_dead_rows"]).fetchall())

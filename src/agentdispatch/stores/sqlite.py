@@ -142,6 +142,9 @@ class SqliteTx:
         rows = self.c.execute(Q["stranded"], {"now": now, "grace": redeliver_after_s, "limit": limit})
         return [item_from_row(r) for r in rows]
 
+    def settled_waiters(self, limit: int) -> list[WorkItem]:
+        return [item_from_row(r) for r in self.c.execute(Q["settled_waiters"], (limit,))]
+
     def drop_dead_rows(self) -> int:
         return self.c.execute(Q["drop_dead_rows"]).rowcount
 

@@ -168,6 +168,16 @@ WHERE w.status = 'ready' AND w.ready_at <= %(now)s
 LIMIT %(limit)s
 FOR UPDATE OF w SKIP LOCKED
 
+-- name: settled_waiters
+SELECT w.* FROM work_items w
+WHERE w.status = 'submitted'
+  AND NOT EXISTS (
+      SELECT 1 FROM work_dependencies d JOIN work_items p ON p.id = d.depends_on
+      WHERE d.job_id = w.id AND p.status IN ('submitted', 'ready', 'leased', 'running')
+  )
+LIMIT %(limit)s
+FOR UPDATE OF w SKIP LOCKED
+
 -- name: drop_dead_rows
 DELETE FROM agent_dispatch_queue
 WHERE id IN (

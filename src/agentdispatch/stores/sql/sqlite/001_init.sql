@@ -40,6 +40,7 @@ CREATE INDEX IF NOT EXISTS work_items_held ON work_items (lease_expires_at)
 CREATE INDEX IF NOT EXISTS work_items_deadline ON work_items (deadline_unix)
     WHERE deadline_unix IS NOT NULL AND status IN ('submitted', 'ready', 'leased', 'running');
 CREATE INDEX IF NOT EXISTS work_items_ready ON work_items (ready_at) WHERE status = 'ready';
+CREATE INDEX IF NOT EXISTS work_items_waiting ON work_items (seq) WHERE status = 'submitted';
 -- Listing by tenant; the status filter rides along (a status index would be
 -- rewritten on every transition, costing WAL pages on the hot path).
 CREATE INDEX IF NOT EXISTS work_items_tenant_seq ON work_items (tenant, seq);

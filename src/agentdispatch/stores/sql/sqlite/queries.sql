@@ -82,6 +82,15 @@ WHERE w.status = 'ready' AND w.ready_at <= :now
   AND w.updated_at <= :now - :grace
 LIMIT :limit
 
+-- name: settled_waiters
+SELECT w.* FROM work_items w INDEXED BY work_items_waiting
+WHERE w.status = 'submitted'
+  AND NOT EXISTS (
+      SELECT 1 FROM work_dependencies d JOIN work_items p ON p.id = d.depends_on
+      WHERE d.job_id = w.id AND p.status IN ('submitted', 'ready', 'leased', 'running')
+  )
+LIMIT ?
+
 -- name: drop_dead_rows
 DELETE FROM agent_dispatch_queue
 WHERE claimed_by IS NULL AND job_id IN (
