@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..workitem import Status, WorkItem
+from .base import Effect, WorkerRow
 
 
 def item_from_row(row: Mapping[str, Any]) -> WorkItem:
@@ -65,3 +66,43 @@ def mutable_params(item: WorkItem) -> dict[str, Any]:
         "result": None if item.result is None else dumps(item.result),
         "error": item.error,
     }
+
+
+def effect_from_row(row: Mapping[str, Any]) -> Effect:
+    """A ``side_effects`` row as an :class:`Effect`."""
+    result = row["result"]
+    return Effect(
+        key=row["key"],
+        job_id=row["job_id"],
+        state=row["state"],
+        epoch=int(row["epoch"]),
+        result=json.loads(result) if isinstance(result, str) else result,
+        updated_at=float(row["updated_at"]),
+    )
+
+
+def effect_params(tenant: str, effect: Effect, now: float) -> dict[str, Any]:
+    """Named parameters of the ``effect_put`` upsert."""
+    return {
+        "tenant": tenant,
+        "key": effect.key,
+        "job_id": effect.job_id,
+        "state": effect.state,
+        "epoch": effect.epoch,
+        "result": None if effect.result is None else dumps(effect.result),
+        "now": now,
+    }
+
+
+def worker_from_row(row: Mapping[str, Any]) -> WorkerRow:
+    """A ``dispatch_workers`` row as a :class:`WorkerRow`."""
+    sessions = row["active_sessions"]
+    return WorkerRow(
+        worker_id=row["worker_id"],
+        host=row["host"],
+        capacity=int(row["capacity"]),
+        active_sessions=tuple(json.loads(sessions) if isinstance(sessions, str) else sessions),
+        queue_backend=row["queue_backend"],
+        started_at=float(row["started_at"]),
+        last_heartbeat=float(row["last_heartbeat"]),
+    )

@@ -20,7 +20,7 @@ from ..sqlite_db import SqliteDb
 from ..workitem import Lease, Outcome, Status, WorkItem
 from . import engine
 from .base import Accepted, Claim, Effect, NewJob, SweepReport, WorkerRow
-from .rows import dumps, item_from_row, mutable_params
+from .rows import dumps, effect_from_row, effect_params, item_from_row, mutable_params, worker_from_row
 
 _SQL_PKG = "agentdispatch.stores.sql.sqlite"
 Q = queries(_SQL_PKG, "queries.sql")
@@ -113,24 +113,13 @@ class SqliteTx:
 
     def effect_get(self, tenant: str, key: str) -> Effect | None:
         row = self.c.execute(Q["effect_get"], (tenant, key)).fetchone()
-        return None if row is None else _effect(row)
+        return None if row is None else effect_from_row(row)
 
     def effect_put(self, tenant: str, effect: Effect, now: float) -> None:
-        self.c.execute(
-            Q["effect_put"],
-            {
-                "tenant": tenant,
-                "key": effect.key,
-                "job_id": effect.job_id,
-                "state": effect.state,
-                "epoch": effect.epoch,
-                "result": None if effect.result is None else dumps(effect.result),
-                "now": now,
-            },
-        )
+        self.c.execute(Q["effect_put"], effect_params(tenant, effect, now))
 
     def effects_of(self, job_id: str) -> list[Effect]:
-        return [_effect(r) for r in self.c.execute(Q["effects_of"], (job_id,))]
+        return [effect_from_row(r) for r in self.c.execute(Q["effects_of"], (job_id,))]
 
     def expired_leases(self, now: float, limit: int) -> list[WorkItem]:
         return [item_from_row(r) for r in self.c.execute(Q["expired_leases"], (now, limit))]
@@ -147,17 +136,6 @@ class SqliteTx:
 
     def drop_dead_rows(self) -> int:
         return self.c.execute(Q["drop_dead_rows"]).rowcount
-
-
-def _effect(row: sqlite3.Row) -> Effect:
-    return Effect(
-        key=row["key"],
-        job_id=row["job_id"],
-        state=row["state"],
-        epoch=int(row["epoch"]),
-        result=None if row["result"] is None else json.loads(row["result"]),
-        updated_at=float(row["updated_at"]),
-    )
 
 
 class SqliteStore:
@@ -285,7 +263,7 @@ class SqliteStore:
         events = [dict(r) for r in conn.execute(Q["events_of"], (job_id,))]
         effects = [
             {"key": e.key, "state": e.state, "epoch": e.epoch, "result": e.result}
-            for e in (_effect(r) for r in conn.execute(Q["effects_of"], (job_id,)))
+            for e in (effect_from_row(r) for r in conn.execute(Q["effects_of"], (job_id,)))
         ]
         return {"job": item.view(), "events": events, "side_effects": effects}
 
@@ -329,18 +307,7 @@ class SqliteStore:
 
     def workers(self, *, max_age_s: float = 90.0) -> list[WorkerRow]:
         rows = self.db.conn().execute(Q["workers"], (self.db.now() - max_age_s,))
-        return [
-            WorkerRow(
-                worker_id=r["worker_id"],
-                host=r["host"],
-                capacity=int(r["capacity"]),
-                active_sessions=tuple(json.loads(r["active_sessions"])),
-                queue_backend=r["queue_backend"],
-                started_at=float(r["started_at"]),
-                last_heartbeat=float(r["last_heartbeat"]),
-            )
-            for r in rows
-        ]
+        return [worker_from_row(r) for r in rows]
 
     def remove_worker(self, worker_id: str) -> None:
         with self._tx() as tx:
