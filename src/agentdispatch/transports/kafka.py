@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..envelope import Envelope
 from ..errors import AgentDispatchError, QueueFull, TaskQueueUnavailable
+from ..quietlogs import demote
 from ..settings import KAFKA_GROUP, KAFKA_TOPIC, Settings
 from .base import Delivery
 from .kafka_admin import TopicAdmin
@@ -78,7 +79,7 @@ class KafkaTransport:
         base: dict[str, Any] = {
             "bootstrap.servers": settings.kafka_bootstrap_servers,
             "client.id": "agentdispatch",
-            "logger": logging.getLogger("agentdispatch.kafka.client"),
+            "logger": demote(logging.getLogger("agentdispatch.kafka.client")),
             "error_cb": _client_log_sink,
             "topic.metadata.refresh.interval.ms": 5000,
             # Only start-up creates the topic, with AGENT_TURNS_PARTITIONS.
