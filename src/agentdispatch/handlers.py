@@ -130,7 +130,7 @@ def discover(app: str | None) -> Registry:
         try:
             loaded = ep.load()
         except ImportError as exc:  # an optional extra is not installed
-            log.warning("handler entry point %s skipped: %s", ep.name, exc)
+            log.info("handler entry point %s skipped: %s", ep.name, exc)
             continue
         if isinstance(loaded, Registry):
             reg.update(loaded)

@@ -91,10 +91,12 @@ def register(main: click.Group) -> None:
             summary[st] = summary.get(st, 0) + 1
 
         def human() -> None:
-            table = Table("status", "turns", title=f"{len(ids)} turns, {sessions} sessions, {tenants} tenants")
+            table = Table("status", "turns")
             for k, v in sorted(summary.items()):
                 table.add_row(k, str(v))
-            Console().print(table)
+            console = Console()
+            console.print(f"{len(ids)} turns over {sessions} sessions and {tenants} tenants:")
+            console.print(table)
 
         emit({"turns": len(ids), "by_status": summary}, as_json, human)
         if summary.get("unfinished"):
