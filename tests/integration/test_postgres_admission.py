@@ -30,9 +30,18 @@ def schema() -> Iterator[tuple[str, str]]:
         drop()
 
 
-def test_depth_bound_holds_under_16_concurrent_connections(schema: tuple[str, str]) -> None:
+@pytest.mark.parametrize(
+    ("bound", "per_writer"),
+    [
+        (150, 20),  # always near the bound: every submission takes every admission token
+        (600, 40),  # far from it first (one token each, no global lock), then near it
+    ],
+)
+def test_depth_bound_holds_under_16_concurrent_connections(
+    schema: tuple[str, str], bound: int, per_writer: int
+) -> None:
     name, uri = schema
-    bound, writers, per_writer = 150, 16, 20
+    writers = 16
     settings = load_settings(STATE_DB_URI=uri, AGENT_DISPATCH_MAX_DEPTH=bound)
     stores = [PostgresStore(uri, pool_size=2) for _ in range(writers)]
     accepted: list[str] = []

@@ -132,7 +132,9 @@ def submit(tx: Tx, jobs: Sequence[NewJob], max_depth: int) -> list[Accepted]:
         else:
             fresh.append(job)
     if fresh:
-        depth = tx.active_count()
+        # A backend may compare without a global lock when told what it admits.
+        admitted = getattr(tx, "admitted_depth", None)
+        depth = admitted(len(fresh), max_depth) if admitted is not None else tx.active_count()
         if depth + len(fresh) > max_depth:
             raise QueueFull(f"queue full: {depth} active turns, bound AGENT_DISPATCH_MAX_DEPTH={max_depth}")
     seen: dict[str, WorkItem] = {}

@@ -64,7 +64,7 @@ class PostgresTx:
         self._prefetched: dict[str, WorkItem | None] = {}
         #: Items read by :meth:`read_item` that nothing depends on.
         self._leaves: set[str] = set()
-        #: The admitted depth read under the admission lock by :meth:`read_submit`.
+        #: The admitted depth read by :meth:`read_submit`.
         self._depth: int | None = None
         #: (item id, blocker status, blocker lease expiry) read by a claim's :meth:`read_item`.
         self._blocker: tuple[str, str | None, float | None] | None = None
@@ -125,10 +125,6 @@ class PostgresTx:
         return self.c.execute(sql, params).fetchall()
 
     # -- bulk helpers used by PostgresStore.submit ------------------------------
-    def admission_lock(self) -> None:
-        """Serialize compare-and-admit with every other submitter."""
-        self._one(Q["admission_lock"])
-
     def prefetch(self, job_ids: Sequence[str]) -> None:
         """Load (and lock) many items in one query; each answers one ``load``."""
         ids = sorted(set(job_ids))
@@ -149,11 +145,12 @@ class PostgresTx:
         if data is not None and session:
             self._blocker = (job_id, row["blocker_status"], row["blocker_expires_at"])
 
-    def read_submit(self, job_ids: Sequence[str], n: int) -> None:
-        """Admission lock, clock, admitted depth, ``n`` sequence numbers and the
-        existing items among ``job_ids`` (locked): one round trip."""
+    def read_submit(self, job_ids: Sequence[str], n: int, max_depth: int | None = None) -> None:
+        """Admission (``dispatch_admission``: exact, and without a global lock
+        while far from ``max_depth``), clock, admitted depth, ``n`` sequence
+        numbers and the existing items among ``job_ids`` (locked): one round trip."""
         ids = sorted(set(job_ids))
-        row = self._one(Q["submit_read"], {"ids": ids, "n": n})
+        row = self._one(Q["submit_read"], {"ids": ids, "n": n, "max": max_depth})
         assert row is not None
         self._now = float(row["now"])
         self._depth = int(row["depth"])
@@ -253,9 +250,18 @@ class PostgresTx:
     def active_count(self) -> int:
         if self._depth is not None and not (self._inserts or self._saves):
             depth, self._depth = self._depth, None
-            return depth  # read under the admission lock, before any write of ours
-        self.admission_lock()
-        row = self._one(Q["active_count"])
+            return depth  # read under admission by read_submit, before any write of ours
+        row = self._one(Q["admission_exact"])
+        assert row is not None
+        return int(row["n"])
+
+    def admitted_depth(self, n: int, max_depth: int) -> int:
+        """The depth to compare ``n`` new items against ``max_depth`` with,
+        exact under concurrent submitters (see ``dispatch_admission``)."""
+        if self._depth is not None and not (self._inserts or self._saves):
+            depth, self._depth = self._depth, None
+            return depth
+        row = self._one(Q["admission"], {"n": n, "max": max_depth})
         assert row is not None
         return int(row["n"])
 
@@ -316,4 +322,7 @@ class PostgresTx:
 
     def drop_dead_rows(self) -> int:
         self.flush()
-        return len(self.c.execute(Q["drop_dead_rows"]).fetchall())
+        dropped = len(self.c.execute(Q["drop_dead_rows"]).fetchall())
+        # Fairness rows a concurrent claim kept from being pruned at their ack.
+        self.c.execute(Q["fair_sweep"], {"limit": 1000})
+        return dropped

@@ -2,7 +2,8 @@
 
 The store logic is :mod:`engine`'s, run over :class:`PostgresTx`. Row locks
 (``SELECT ... FOR UPDATE``) make each transition atomic; transaction-level
-advisory locks serialize compare-and-admit and per-session claims. Every
+advisory locks make compare-and-admit exact (one of 16 tokens far from the
+bound, all of them near it) and serialize per-session claims. Every
 time is the database's clock.
 """
 
@@ -134,7 +135,7 @@ class PostgresStore:
     def submit(self, jobs: Sequence[NewJob], *, max_depth: int) -> list[Accepted]:
         def op(tx: PostgresTx) -> list[Accepted]:
             # Admission first: submitters of the same job id see each other.
-            tx.read_submit([j.job_id for j in jobs], len(jobs))
+            tx.read_submit([j.job_id for j in jobs], len(jobs), max_depth)
             return engine.submit(tx, jobs, max_depth)
 
         return self._run(op, durable=True)

@@ -41,22 +41,33 @@ WITH clock AS MATERIALIZED (
     FROM pick, clock
     WHERE q.id = pick.id
     RETURNING q.id, q.envelope, q.deliveries, q.claimed_at, q.priority, q.group_ref, q.tenant_ref
-), served AS (
-    UPDATE dispatch_fair_groups g SET last_served = nextval('dispatch_served_seq')
-    FROM claimed c
-    WHERE g.priority = c.priority AND g.group_ref = c.group_ref
-    RETURNING g.priority, g.tenant_ref, g.last_served
+), mark AS MATERIALIZED (
+    -- Least recently served is approximate by design: a row another claim is
+    -- marking right now is skipped (that claim marks it as recent), so no claim
+    -- ever waits for a fairness row.
+    SELECT c.priority, c.group_ref, c.tenant_ref, nextval('dispatch_served_seq') AS n FROM claimed c
+), lock_group AS MATERIALIZED (
+    SELECT x.priority, x.group_ref FROM dispatch_fair_groups x
+    JOIN mark m ON x.priority = m.priority AND x.group_ref = m.group_ref
+    FOR NO KEY UPDATE OF x SKIP LOCKED
+), served_group AS (
+    UPDATE dispatch_fair_groups g SET last_served = m.n
+    FROM lock_group l, mark m
+    WHERE g.priority = l.priority AND g.group_ref = l.group_ref
+), lock_tenant AS MATERIALIZED (
+    SELECT x.priority, x.tenant_ref FROM dispatch_fair_tenants x
+    JOIN mark m ON x.priority = m.priority AND x.tenant_ref = m.tenant_ref
+    FOR NO KEY UPDATE OF x SKIP LOCKED
 ), served_tenant AS (
-    -- Reads ``served`` so the group row is locked before the tenant row, the
-    -- order every other writer uses.
-    UPDATE dispatch_fair_tenants t SET last_served = s.last_served
-    FROM served s
-    WHERE t.priority = s.priority AND t.tenant_ref = s.tenant_ref
+    UPDATE dispatch_fair_tenants t SET last_served = m.n
+    FROM lock_tenant l, mark m
+    WHERE t.priority = l.priority AND t.tenant_ref = l.tenant_ref
 )
 SELECT id, envelope, deliveries, claimed_at FROM claimed
 
 -- name: ack
--- RETURNING: the answer is a row, which pipeline mode delivers on fetch.
+-- RETURNING: the answer is a row, which pipeline mode delivers on fetch. The
+-- delete trigger prunes an emptied group without waiting for any lock.
 DELETE FROM agent_dispatch_queue
 WHERE id = %(id)s AND claimed_by = %(owner)s AND claimed_at = %(claimed_at)s
 RETURNING id

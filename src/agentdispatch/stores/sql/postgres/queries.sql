@@ -11,7 +11,7 @@ SELECT * FROM work_items WHERE id = %(id)s FOR UPDATE
 SELECT now, item, leaf, blocker_status, blocker_expires_at FROM dispatch_item_read(%(id)s, %(session)s)
 
 -- name: submit_read
-SELECT now, depth, seqs, items FROM dispatch_submit_read(%(ids)s::text[], %(n)s)
+SELECT now, depth, seqs, items FROM dispatch_submit_read(%(ids)s::text[], %(n)s, %(max)s)
 
 -- name: submit_write
 -- A submission's rows in one statement (items, provenance, envelopes); the
@@ -114,13 +114,15 @@ INSERT INTO work_dependencies (depends_on, job_id) VALUES (%s, %s) ON CONFLICT D
 -- name: dependants
 SELECT job_id FROM work_dependencies WHERE depends_on = %(id)s ORDER BY job_id
 
--- name: admission_lock
--- Serializes compare-and-admit (count + insert) across every connection; held
--- to the end of the transaction, never across a turn.
-SELECT pg_advisory_xact_lock(hashtextextended('agentdispatch.admission:' || current_schema(), 0))
+-- name: admission
+-- Compare-and-admit's depth, exact for ``n`` new items under ``max`` (see
+-- dispatch_admission): no global lock while far from the bound.
+SELECT dispatch_admission(%(n)s, %(max)s) AS n
 
--- name: active_count
-SELECT coalesce(sum(n), 0)::bigint AS n FROM dispatch_depth
+-- name: admission_exact
+-- The exact path of dispatch_admission (every token) for a caller that does
+-- not say how many items it adds.
+SELECT dispatch_admission(2147483647, NULL) AS n
 
 -- name: session_lock
 -- Fleet-wide per-session exclusion inside the claim transaction only.
@@ -189,6 +191,9 @@ WHERE id IN (
     FOR UPDATE OF q SKIP LOCKED
 )
 RETURNING id
+
+-- name: fair_sweep
+SELECT dispatch_fair_sweep(%(limit)s) AS n
 
 -- name: list
 SELECT * FROM work_items
