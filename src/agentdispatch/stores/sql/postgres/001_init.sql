@@ -65,10 +65,12 @@ BEGIN
     IF k = 0 THEN
         RETURN;
     END IF;
-    UPDATE dispatch_depth SET n = n + k
-    WHERE slot = coalesce(
-        (SELECT d.slot FROM dispatch_depth d ORDER BY mod(d.slot - mine + 64, 64) LIMIT 1 FOR UPDATE SKIP LOCKED),
-        mine);
+    PERFORM 1 FROM dispatch_depth WHERE slot = mine FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        mine := coalesce((SELECT d.slot FROM dispatch_depth d
+                          ORDER BY mod(d.slot - mine + 64, 64) LIMIT 1 FOR UPDATE SKIP LOCKED), mine);
+    END IF;
+    UPDATE dispatch_depth SET n = n + k WHERE slot = mine;
 END $$;
 
 CREATE OR REPLACE FUNCTION dispatch_is_active(status text) RETURNS integer
@@ -403,11 +405,37 @@ BEGIN
     RETURN pruned;
 END $$;
 
+-- Row by row (simple statements with cached plans; the usual delete is one
+-- acknowledged row): prune the row's group, then its tenant, when emptied.
 CREATE OR REPLACE FUNCTION dispatch_queue_removed() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM dispatch_fair_prune(array_agg(k.priority), array_agg(k.group_ref))
-    FROM (SELECT DISTINCT priority, group_ref FROM removed) k;
+    IF EXISTS (SELECT 1 FROM agent_dispatch_queue q
+               WHERE q.group_ref = OLD.group_ref AND q.priority = OLD.priority) THEN
+        RETURN NULL;  -- the usual case when a group holds more than one turn
+    END IF;
+    PERFORM 1 FROM dispatch_fair_groups g
+    WHERE g.priority = OLD.priority AND g.group_ref = OLD.group_ref FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN NULL;  -- gone already, or a writer holds it (then it is not empty for long)
+    END IF;
+    -- A fresh snapshot, under the lock.
+    DELETE FROM dispatch_fair_groups g
+    WHERE g.priority = OLD.priority AND g.group_ref = OLD.group_ref
+      AND NOT EXISTS (SELECT 1 FROM agent_dispatch_queue q
+                      WHERE q.group_ref = OLD.group_ref AND q.priority = OLD.priority);
+    IF NOT FOUND OR EXISTS (SELECT 1 FROM dispatch_fair_groups g
+                            WHERE g.tenant_ref = OLD.tenant_ref AND g.priority = OLD.priority) THEN
+        RETURN NULL;
+    END IF;
+    PERFORM 1 FROM dispatch_fair_tenants t
+    WHERE t.priority = OLD.priority AND t.tenant_ref = OLD.tenant_ref FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        DELETE FROM dispatch_fair_tenants t
+        WHERE t.priority = OLD.priority AND t.tenant_ref = OLD.tenant_ref
+          AND NOT EXISTS (SELECT 1 FROM dispatch_fair_groups g
+                          WHERE g.tenant_ref = OLD.tenant_ref AND g.priority = OLD.priority);
+    END IF;
     RETURN NULL;
 END $$;
 
@@ -443,4 +471,4 @@ CREATE TRIGGER queue_added AFTER INSERT ON agent_dispatch_queue
     REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION dispatch_queue_added();
 DROP TRIGGER IF EXISTS queue_removed ON agent_dispatch_queue;
 CREATE TRIGGER queue_removed AFTER DELETE ON agent_dispatch_queue
-    REFERENCING OLD TABLE AS removed FOR EACH STATEMENT EXECUTE FUNCTION dispatch_queue_removed();
+    FOR EACH ROW EXECUTE FUNCTION dispatch_queue_removed();
