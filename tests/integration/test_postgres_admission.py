@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 
 from agentdispatch.dispatch import Dispatcher, Submission
@@ -134,3 +135,53 @@ def test_depth_counter_follows_every_transition(schema: tuple[str, str]) -> None
         counter = conn.execute(f"SELECT sum(n) FROM {name}.dispatch_depth").fetchone()
     assert active == (3,)  # two never claimed + one replayed
     assert counter == active
+
+
+@pytest.mark.parametrize("bound", [20, 100])  # near the bound throughout; far from it first
+def test_intake_backlog_bound_holds_under_16_concurrent_connections(schema: tuple[str, str], bound: int) -> None:
+    name, _uri = schema
+    writers, per_writer = 16, 12
+    admitted: list[int] = []
+    refused = [0]
+    lock = threading.Lock()
+    start = threading.Barrier(writers)
+
+    def intake(k: int) -> None:
+        with admin() as conn:
+            conn.execute(f"SET search_path = {name}")
+            start.wait()
+            for i in range(per_writer):
+                try:
+                    added = attempt(conn, k, i)
+                except psycopg.errors.SerializationFailure:
+                    added = attempt(conn, k, i)  # the rare retry (intake answers 503; the provider retries)
+                with lock:
+                    if added:
+                        admitted.append(k)
+                    else:
+                        refused[0] += 1
+
+    def attempt(conn: psycopg.Connection[tuple[object, ...]], k: int, i: int) -> bool:
+        with conn.transaction():
+            row = conn.execute("SELECT dispatch_intake_backlog('helper', %s)", (bound,)).fetchone()
+            assert row is not None
+            if int(row[0]) >= bound:
+                return False
+            conn.execute(
+                "INSERT INTO work_items (id, tenant, session_id, session_ref, kind, agent_name, payload,"
+                " status, max_attempts, created_at, ready_at, updated_at)"
+                " VALUES (%s, 'acme', %s, %s, 'intake_turn', 'helper', '{}', 'ready', 5, 0, 0, 0)",
+                (f"i-{k}-{i}", f"s{k}", f"r{k}"),
+            )
+            return True
+
+    threads = [threading.Thread(target=intake, args=(k,)) for k in range(writers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    with admin() as conn:
+        row = conn.execute(f"SELECT count(*) FROM {name}.work_items WHERE agent_name = 'helper'").fetchone()
+    assert row is not None
+    assert len(admitted) + refused[0] == writers * per_writer
+    assert int(row[0]) == len(admitted) == bound  # never above it, and filled to it

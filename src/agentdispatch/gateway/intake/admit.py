@@ -101,8 +101,10 @@ def _admit(
     agent = _agent(sql, inc.installation, inc.envelope)
     if state == "accepted":
         if sql.dialect == "postgres":
-            sql.one("agent_lock", key=f"intake:{agent}")
-        if sql.count("backlog", agent=agent) >= backlog:
+            queued = sql.count("backlog_admit", agent=agent, bound=backlog)
+        else:
+            queued = sql.count("backlog", agent=agent)
+        if queued >= backlog:
             state, reason, answer = "rejected", "backlog_full", rejected
         else:
             job_id = job_id_of(inc.connector, inc.source_id)

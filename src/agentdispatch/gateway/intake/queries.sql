@@ -140,6 +140,11 @@ WHERE scrubbed_at IS NULL AND received_at < :cutoff
 -- name: receipt_states
 SELECT state, count(*) AS n FROM intake_receipts GROUP BY state ORDER BY state
 
+-- name: backlog_admit
+-- PostgreSQL only: the backlog count to compare with the bound, exact under
+-- concurrent intakes without one lock per agent (dispatch_intake_backlog).
+SELECT dispatch_intake_backlog(:agent, :bound) AS n
+
 -- name: agent_lock
 -- PostgreSQL only: serialise the backlog count of one agent.
 SELECT pg_advisory_xact_lock(hashtext(:key)) IS NULL AS locked

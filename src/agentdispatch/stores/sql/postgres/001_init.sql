@@ -150,7 +150,8 @@ END $$;
 -- "committed depth + 16 x 8 <= bound", read after taking the token, proves
 -- that every one of them fits. Any other submission takes all 16 tokens in
 -- order (waiting for the small ones in flight, and none can start meanwhile):
--- then the committed depth is the exact depth. Only submissions increase the
+-- then the committed depth is the exact depth. A submission that does not fit
+-- the committed depth is refused without a lock. Only submissions increase the
 -- depth (a replay re-admits what was admitted before). Returns that depth; a
 -- small submission that saw the depth cross the margin while taking its token
 -- (rare: the hint before it leaves a second margin) fails with a serialization
@@ -165,9 +166,12 @@ DECLARE
     first integer := mod(pg_backend_pid(), 16);
     depth bigint;
 BEGIN
-    IF p_max IS NOT NULL AND p_n <= per_token THEN
+    IF p_max IS NOT NULL THEN
         depth := (SELECT coalesce(sum(d.n), 0)::bigint FROM dispatch_depth d);
-        IF depth + 2 * margin <= p_max THEN
+        IF depth + p_n > p_max THEN
+            RETURN depth;  -- refused on committed state (completions only lower it): no lock
+        END IF;
+        IF p_n <= per_token AND depth + 2 * margin <= p_max THEN
             FOR i IN 0 .. tokens - 1 LOOP
                 IF pg_try_advisory_xact_lock(space, mod(first + i, tokens)) THEN
                     -- A fresh snapshot, taken while holding the token.

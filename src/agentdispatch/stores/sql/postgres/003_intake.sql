@@ -107,3 +107,42 @@ CREATE INDEX IF NOT EXISTS intake_runs_installation ON intake_runs (installation
 -- The 256-per-agent backlog bound counts these inside the intake transaction.
 CREATE INDEX IF NOT EXISTS work_items_intake_agent ON work_items (agent_name)
     WHERE kind = 'intake_turn' AND status IN ('submitted', 'ready', 'leased', 'running');
+
+-- The per-agent backlog bound, exact under concurrent intakes without one
+-- lock per agent while far from it (the scheme of dispatch_admission, with 16
+-- tokens per agent and one item per intake): a full backlog is answered from
+-- the committed count with no lock (completions only lower it); far from the
+-- bound an intake holds one token, so at most 15 others are uncommitted;
+-- near it, every token. Returns the count to compare with the bound.
+CREATE OR REPLACE FUNCTION dispatch_intake_backlog(p_agent text, p_bound integer) RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    tokens CONSTANT integer := 16;
+    space integer := hashtext('agentdispatch.intake:' || current_schema() || ':' || p_agent);
+    first integer := mod(pg_backend_pid(), 16);
+    n bigint;
+BEGIN
+    n := (SELECT count(*) FROM work_items
+          WHERE agent_name = p_agent AND kind = 'intake_turn' AND status IN ('submitted', 'ready', 'leased', 'running'));
+    IF n >= p_bound THEN
+        RETURN n;
+    END IF;
+    IF n + 2 * tokens <= p_bound THEN
+        FOR i IN 0 .. tokens - 1 LOOP
+            IF pg_try_advisory_xact_lock(space, mod(first + i, tokens)) THEN
+                n := (SELECT count(*) FROM work_items
+                      WHERE agent_name = p_agent AND kind = 'intake_turn'
+                        AND status IN ('submitted', 'ready', 'leased', 'running'));
+                IF n + tokens <= p_bound THEN
+                    RETURN n;
+                END IF;
+                RAISE EXCEPTION 'intake backlog: the count neared the bound; retry' USING ERRCODE = '40001';
+            END IF;
+        END LOOP;
+    END IF;
+    FOR i IN 0 .. tokens - 1 LOOP
+        PERFORM pg_advisory_xact_lock(space, i);
+    END LOOP;
+    RETURN (SELECT count(*) FROM work_items
+            WHERE agent_name = p_agent AND kind = 'intake_turn' AND status IN ('submitted', 'ready', 'leased', 'running'));
+END $$;
