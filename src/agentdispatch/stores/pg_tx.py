@@ -74,9 +74,19 @@ class PostgresTx:
         self._enqueues: list[dict[str, Any]] = []
 
     # -- buffering ------------------------------------------------------------
-    def flush(self) -> None:
-        """Write every buffered row (inserts first: saves may update them)."""
+    def flush(self, *, last: bool = False) -> None:
+        """Write every buffered row (inserts first: saves may update them).
+        ``last``: nothing of this transaction's own reads follows, so the usual
+        one-statement write may ride with the next statement or the COMMIT."""
         if not (self._inserts or self._saves or self._events or self._enqueues):
+            return
+        if last and not self._inserts and not self._enqueues and len(self._saves) == 1 and len(self._events) <= 1:
+            params = dict(self._saves[0])
+            if self._events:
+                params.update({f"e_{k}": v for k, v in self._events[0].items()})
+            self.c.defer(Q["save_event" if self._events else "save"], params)
+            self._saves.clear()
+            self._events.clear()
             return
         # Plain round trips: for the usual two or three statements they beat
         # entering pipeline mode; executemany pipelines many saves by itself.
@@ -104,6 +114,7 @@ class PostgresTx:
         if len(self._saves) == 1:
             self.c.execute(Q["save"], self._saves[0])
         elif self._saves:
+            self.c.send_pending()
             self.c.cursor().executemany(Q["save"], self._saves)
         if self._events:
             self.c.execute(Q["event_many"], _columns(self._events, _EVENT_COLS), binary=True)
@@ -240,6 +251,7 @@ class PostgresTx:
 
     def add_dependencies(self, job_id: str, deps: Sequence[str]) -> None:
         self.flush()
+        self.c.send_pending()
         self.c.cursor().executemany(Q["add_dependency"], [(d, job_id) for d in deps])
 
     def dependants(self, job_id: str) -> list[str]:

@@ -72,7 +72,7 @@ class PostgresStore:
         def body(conn: Conn) -> T:
             tx = PostgresTx(conn, key)
             result = op(tx)
-            tx.flush()
+            tx.flush(last=True)  # may ride with the COMMIT (or the next statement)
             return result
 
         return self.db.run(body, durable=durable, idempotent=idempotent, patience_s=patience_s)

@@ -169,7 +169,8 @@ class PostgresTransport:
         params = {"owner": owner, "vis": visibility_s}
 
         def claim(conn: Conn) -> dict[str, Any] | None:
-            return conn.execute(Q["get"], params).fetchone()
+            # Prepared (its plan is costly): a pending BEGIN goes ahead of it.
+            return conn.execute(Q["get"], params, prepare=True).fetchone()
 
         # One statement in autocommit: one round trip. Retrying after a lost
         # connection is safe: a claim that did commit only delays that row.
