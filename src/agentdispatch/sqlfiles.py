@@ -17,6 +17,17 @@ def queries(package: str, filename: str) -> dict[str, str]:
     return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts), 2)}
 
 
+class Queries:
+    """Named queries of one ``.sql`` file, read on first use (no I/O at import)."""
+
+    def __init__(self, package: str, filename: str) -> None:
+        self.package = package
+        self.filename = filename
+
+    def __getitem__(self, name: str) -> str:
+        return queries(self.package, self.filename)[name]
+
+
 def migrations(package: str) -> list[tuple[int, str, str]]:
     """Numbered migration files ``NNN_name.sql`` in ``package``, in order."""
     found = []

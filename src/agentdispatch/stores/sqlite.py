@@ -15,7 +15,7 @@ from typing import Any
 from ..envelope import Envelope
 from ..errors import TaskQueueUnavailable
 from ..policy import opaque_ref
-from ..sqlfiles import migrations, queries
+from ..sqlfiles import Queries, migrations
 from ..sqlite_db import SqliteDb
 from ..workitem import Lease, Outcome, Status, WorkItem
 from . import engine
@@ -23,7 +23,7 @@ from .base import Accepted, Claim, Effect, NewJob, SweepReport, WorkerRow
 from .rows import dumps, effect_from_row, effect_params, item_from_row, mutable_params, worker_from_row
 
 _SQL_PKG = "agentdispatch.stores.sql.sqlite"
-Q = queries(_SQL_PKG, "queries.sql")
+Q = Queries(_SQL_PKG, "queries.sql")
 
 
 class SqliteTx:

@@ -10,14 +10,14 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DepthUnavailable, TaskQueueUnavailable
-from ..sqlfiles import queries
+from ..sqlfiles import Queries
 from ..sqlite_db import NOW_SQL, SqliteDb
 from .base import Delivery, Receipt
 
 if TYPE_CHECKING:
     from ..stores.base import Store
 
-Q = queries("agentdispatch.transports.sql", "sqlite.sql")
+Q = Queries("agentdispatch.transports.sql", "sqlite.sql")
 
 
 class SqliteTransport:
