@@ -13,6 +13,37 @@ WITH clock AS MATERIALIZED (
            AND e.visible_at <= (SELECT now FROM clock)
          ORDER BY e.deadline_unix
          LIMIT 1 FOR UPDATE OF e SKIP LOCKED),
+        -- First, tenants of the top priority that no other claim is serving
+        -- right now (their row is locked by it until it commits; its snapshot
+        -- of last_served is not ours yet): one tenant is not served many
+        -- times in a row while a claim stalls. Priority order is kept: only
+        -- the top priority, and the walk below covers everything else.
+        (SELECT h.id FROM dispatch_fair_tenants t
+         CROSS JOIN LATERAL (
+             SELECT x.tenant_ref, x.priority FROM dispatch_fair_tenants x
+             WHERE x.priority = t.priority AND x.tenant_ref = t.tenant_ref
+             FOR NO KEY UPDATE SKIP LOCKED
+         ) tl
+         CROSS JOIN LATERAL (
+             SELECT q.id FROM dispatch_fair_groups g
+             CROSS JOIN LATERAL (
+                 SELECT q.id, q.visible_at, q.session_ref, q.item_seq FROM agent_dispatch_queue q
+                 WHERE q.group_ref = g.group_ref AND q.priority = g.priority
+                 ORDER BY q.item_seq, q.id
+                 LIMIT 1 FOR UPDATE OF q SKIP LOCKED
+             ) q
+             WHERE g.tenant_ref = tl.tenant_ref AND g.priority = tl.priority
+               AND q.visible_at <= (SELECT now FROM clock)
+               AND NOT EXISTS (
+                   SELECT 1 FROM agent_dispatch_queue p
+                   WHERE p.session_ref = q.session_ref AND (p.item_seq, p.id) < (q.item_seq, q.id)
+               )
+             ORDER BY g.last_served, g.deadline_key, g.since
+             LIMIT 1
+         ) h
+         WHERE t.priority = (SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1)
+         ORDER BY t.priority DESC, t.last_served, t.since
+         LIMIT 1),
         (SELECT h.id FROM dispatch_fair_tenants t
          CROSS JOIN LATERAL (
              SELECT q.id FROM dispatch_fair_groups g
