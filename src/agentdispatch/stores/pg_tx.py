@@ -17,13 +17,13 @@ from typing import Any
 
 from ..envelope import Envelope
 from ..policy import opaque_ref
-from ..sqlfiles import queries
+from ..sqlfiles import Queries
 from ..workitem import WorkItem
 from .base import Effect
 from .pg_db import Conn
 from .rows import dumps, item_from_row, mutable_params
 
-Q = queries("agentdispatch.stores.sql.postgres", "queries.sql")
+Q = Queries("agentdispatch.stores.sql.postgres", "queries.sql")
 
 _INSERT_COLS = (
     "seq", "id", "tenant", "session_id", "session_ref", "kind", "agent_name", "payload", "priority",

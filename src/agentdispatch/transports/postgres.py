@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from ..errors import DepthUnavailable, TaskQueueUnavailable
-from ..sqlfiles import queries
+from ..sqlfiles import Queries
 from ..stores.pg_db import Conn, PgDb, describe
 from .base import Delivery, Receipt
 
 if TYPE_CHECKING:
     from ..stores.base import Store
 
-Q = queries("agentdispatch.transports.sql", "postgres.sql")
+Q = Queries("agentdispatch.transports.sql", "postgres.sql")
 CHANNEL = "agent_dispatch_queue"
 log = logging.getLogger("agentdispatch.transports.postgres")
 
