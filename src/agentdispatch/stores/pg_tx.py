@@ -10,7 +10,6 @@ per write.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -21,7 +20,7 @@ from ..sqlfiles import Queries
 from ..workitem import WorkItem
 from .base import Effect
 from .pg_db import Conn
-from .rows import dumps, item_from_row, mutable_params
+from .rows import dumps, effect_from_row, effect_params, item_from_row, mutable_params
 
 Q = Queries("agentdispatch.stores.sql.postgres", "queries.sql")
 
@@ -39,18 +38,6 @@ _ENQUEUE_COLS = (
 
 def _columns(rows: list[dict[str, Any]], cols: Sequence[str]) -> dict[str, list[Any]]:
     return {c: [r[c] for r in rows] for c in cols}
-
-
-def effect_from_row(row: dict[str, Any]) -> Effect:
-    """A ledger row as an :class:`Effect`."""
-    return Effect(
-        key=row["key"],
-        job_id=row["job_id"],
-        state=row["state"],
-        epoch=int(row["epoch"]),
-        result=None if row["result"] is None else json.loads(row["result"]),
-        updated_at=float(row["updated_at"]),
-    )
 
 
 class PostgresTx:
@@ -303,18 +290,7 @@ class PostgresTx:
 
     def effect_put(self, tenant: str, effect: Effect, now: float) -> None:
         self.flush()
-        self.c.execute(
-            Q["effect_put"],
-            {
-                "tenant": tenant,
-                "key": effect.key,
-                "job_id": effect.job_id,
-                "state": effect.state,
-                "epoch": effect.epoch,
-                "result": None if effect.result is None else dumps(effect.result),
-                "now": now,
-            },
-        )
+        self.c.execute(Q["effect_put"], effect_params(tenant, effect, now))
 
     def effects_of(self, job_id: str) -> list[Effect]:
         return [effect_from_row(r) for r in self._all(Q["effects_of"], {"id": job_id})]

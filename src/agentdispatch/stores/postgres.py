@@ -27,8 +27,8 @@ from ..workitem import Lease, Outcome, Status, WorkItem
 from . import engine
 from .base import Accepted, Claim, Effect, NewJob, SweepReport, WorkerRow
 from .pg_db import Conn, PgDb, describe, scalar
-from .pg_tx import PostgresTx, Q, effect_from_row
-from .rows import item_from_row
+from .pg_tx import PostgresTx, Q
+from .rows import effect_from_row, item_from_row, worker_from_row
 
 T = TypeVar("T")
 _SQL_PKG = "agentdispatch.stores.sql.postgres"
@@ -261,18 +261,7 @@ class PostgresStore:
 
     def workers(self, *, max_age_s: float = 90.0) -> list[WorkerRow]:
         rows = self.db.read(lambda c: c.execute(Q["workers"], {"max_age": max_age_s}).fetchall())
-        return [
-            WorkerRow(
-                worker_id=r["worker_id"],
-                host=r["host"],
-                capacity=int(r["capacity"]),
-                active_sessions=tuple(json.loads(r["active_sessions"])),
-                queue_backend=r["queue_backend"],
-                started_at=float(r["started_at"]),
-                last_heartbeat=float(r["last_heartbeat"]),
-            )
-            for r in rows
-        ]
+        return [worker_from_row(r) for r in rows]
 
     def remove_worker(self, worker_id: str) -> None:
         self.db.run(lambda c: c.execute(Q["remove_worker"], {"id": worker_id}), idempotent=True)
