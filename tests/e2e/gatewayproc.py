@@ -27,7 +27,8 @@ def free_port() -> int:
 def cli_env(data_dir: Path, **extra: str) -> dict[str, str]:
     """The environment of a CLI subprocess on ``data_dir``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_DISPATCH_", "TASK_QUEUE", "STATE_DB"))}
-    env.update(AGENT_DISPATCH_DATA_DIR=str(data_dir), TASK_QUEUE_BACKEND="sqlite", **extra)
+    env.update(AGENT_DISPATCH_DATA_DIR=str(data_dir), TASK_QUEUE_BACKEND="sqlite")
+    env.update(extra)  # extra wins (e.g. a PostgreSQL store)
     return env
 
 

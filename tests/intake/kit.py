@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from agentdispatch.gateway.intake import slack, twilio
-from e2e.gatewayproc import Gateway, cli_env, free_port
+from e2e.gatewayproc import Gateway, cli_env, start_gateway
 
 KEY = "11" * 32
 SLACK_SECRET = "slack-signing-secret"
@@ -72,29 +72,7 @@ def install_all(data_dir: Path, api_base: str = "", **env: str) -> Installations
 
 def gateway(data_dir: Path, **env: str) -> Gateway:
     """A real ``agentdispatch gateway`` subprocess (auth off, loopback)."""
-    port = free_port()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    with (data_dir / "gateway.log").open("w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agentdispatch", "gateway", "--no-auth", "--port", str(port)],
-            env=env_for(data_dir, env),
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-            text=True,
-        )
-    gw = Gateway(data_dir, port, proc)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gateway exited {proc.returncode}: {gw.log()}")
-        try:
-            if httpx.get(f"{gw.url}/healthz", timeout=1).status_code == 200:
-                return gw
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    gw.stop()
-    raise RuntimeError("gateway did not start within 30 s")
+    return start_gateway(data_dir, "--no-auth", AGENT_DISPATCH_INTAKE_KEY=KEY, **env)
 
 
 def slack_event(event_id: str, text: str = "<@U0BOT> hello", *, channel: str = "C1", user: str = "U1",
