@@ -69,6 +69,9 @@ class KafkaTransport:
         keepalive_s: float = 1.0,
         client_config: dict[str, Any] | None = None,
     ) -> None:
+        #: When every broker went away (monotonic time), until consumers are
+        #: rebuilt. Set first: the client error callback can fire during __init__.
+        self._brokers_lost: float | None = None
         if not settings.kafka_bootstrap_servers:
             raise TaskQueueUnavailable("KAFKA_BOOTSTRAP_SERVERS is required with TASK_QUEUE_BACKEND=kafka")
         self.topic = topic
@@ -114,8 +117,6 @@ class KafkaTransport:
         )
         self._lock = threading.Lock()
         self._consumers: dict[str, OwnedConsumer] = {}
-        #: When every broker went away (monotonic time), until consumers are rebuilt.
-        self._brokers_lost: float | None = None
         self._relays: dict[int, GroupCommit[int]] = {}
         self._stop = threading.Event()
         self._keepalive: threading.Thread | None = None
@@ -255,7 +256,8 @@ class KafkaTransport:
         with self._lock:
             consumers = list(self._consumers.values())
         for oc in consumers:
-            self._handoff(oc, reason="the brokers were unreachable: starting a fresh group member")
+            if oc.created < lost:  # members born after the outage are fresh already
+                self._handoff(oc, reason="the brokers were unreachable: starting a fresh group member")
 
     def _keepalive_loop(self) -> None:
         while not self._stop.wait(min(0.5, self.keepalive_s)):

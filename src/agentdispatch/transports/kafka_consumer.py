@@ -81,6 +81,7 @@ class OwnedConsumer:
         self.topic = topic
         self.buffer_max = buffer_max
         self.incarnation = next(_SEQ)
+        self.created = time.monotonic()
         self.lock = threading.RLock()
         self.closed = False
         self.last_poll = time.monotonic()
