@@ -401,6 +401,8 @@ def test_reconciler_heals_a_missed_dependency_release(harness):
         item = tx.load(child.job_id)
         tx.save(replace(item, status=Status.SUBMITTED))
     assert d.status(child.job_id, "t")["status"] == "submitted"
-    harness.store.sweep(redeliver_after_s=harness.transport.redeliver_after_s)
+    from agentdispatch.reconciler import reconcile_once
+
+    reconcile_once(harness.store, harness.transport)  # repairs, then relays (Kafka)
     assert d.status(child.job_id, "t")["status"] == "ready"
-    get_for(harness.transport, child.job_id)
+    get_for(harness.transport, child.job_id, timeout=40)
