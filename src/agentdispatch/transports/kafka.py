@@ -23,8 +23,6 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaError
-
 from ..envelope import Envelope
 from ..errors import AgentDispatchError, QueueFull, TaskQueueUnavailable
 from ..quietlogs import demote
@@ -69,9 +67,6 @@ class KafkaTransport:
         keepalive_s: float = 1.0,
         client_config: dict[str, Any] | None = None,
     ) -> None:
-        #: When every broker went away (monotonic time), until consumers are
-        #: rebuilt. Set first: the client error callback can fire during __init__.
-        self._brokers_lost: float | None = None
         if not settings.kafka_bootstrap_servers:
             raise TaskQueueUnavailable("KAFKA_BOOTSTRAP_SERVERS is required with TASK_QUEUE_BACKEND=kafka")
         self.topic = topic
@@ -85,7 +80,7 @@ class KafkaTransport:
             "bootstrap.servers": settings.kafka_bootstrap_servers,
             "client.id": "agentdispatch",
             "logger": demote(logging.getLogger("agentdispatch.kafka.client")),
-            "error_cb": self._on_client_error,
+            "error_cb": _client_log_sink,
             "topic.metadata.refresh.interval.ms": 5000,
             # Only start-up creates the topic, with AGENT_TURNS_PARTITIONS.
             "allow.auto.create.topics": False,
@@ -234,34 +229,8 @@ class KafkaTransport:
         """Kafka and the store share no transaction: a no-op context."""
         return contextlib.nullcontext()
 
-    def _on_client_error(self, err: Any) -> None:
-        _client_log_sink(err)
-        code = getattr(err, "code", lambda: None)()
-        if code == KafkaError._ALL_BROKERS_DOWN and self._brokers_lost is None:
-            self._brokers_lost = time.monotonic()
-
-    def _rebuild_after_outage(self, now: float) -> None:
-        # A broker that comes back may have lost its group state (and, with
-        # memory storage, its log): members that lived through it can stall.
-        # Once the cluster answers again, every consumer is replaced by a fresh
-        # member; in-flight deliveries become stale (their turns still commit).
-        lost = self._brokers_lost
-        if lost is None or now - lost < 2.0:
-            return
-        try:
-            self._admin.partitions()
-        except Exception:  # still away: try again on the next tick
-            return
-        self._brokers_lost = None
-        with self._lock:
-            consumers = list(self._consumers.values())
-        for oc in consumers:
-            if oc.created < lost:  # members born after the outage are fresh already
-                self._handoff(oc, reason="the brokers were unreachable: starting a fresh group member")
-
     def _keepalive_loop(self) -> None:
         while not self._stop.wait(min(0.5, self.keepalive_s)):
-            self._rebuild_after_outage(time.monotonic())
             with self._lock:
                 consumers = list(self._consumers.values())
             now = time.monotonic()
@@ -271,10 +240,8 @@ class KafkaTransport:
                 except Exception as exc:  # keep the thread alive; the owner sees errors itself
                     log.warning("keepalive poll failed (%s)", type(exc).__name__)
 
-    def _handoff(
-        self, oc: OwnedConsumer, reason: str = "a delivery outlived its visibility: handing its partitions on"
-    ) -> None:
-        log.info("%s", reason)
+    def _handoff(self, oc: OwnedConsumer) -> None:
+        log.info("a delivery outlived its visibility: handing its partitions to other consumers")
         oc.close()
         self.handoffs += 1
         for k, v in oc.stats().items():

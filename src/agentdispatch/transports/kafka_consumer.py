@@ -31,8 +31,6 @@ _SEQ = itertools.count()
 
 #: The longest a fresh assignment waits for every partition's backlog.
 WARMUP_S = 1.0
-#: How often an idle consumer checks that its positions still exist in the log.
-TRUNCATION_CHECK_S = 2.0
 
 
 @dataclass
@@ -81,7 +79,6 @@ class OwnedConsumer:
         self.topic = topic
         self.buffer_max = buffer_max
         self.incarnation = next(_SEQ)
-        self.created = time.monotonic()
         self.lock = threading.RLock()
         self.closed = False
         self.last_poll = time.monotonic()
@@ -96,7 +93,6 @@ class OwnedConsumer:
         self._paused = False
         self._eof: set[int] = set()
         self._assigned_at = 0.0
-        self._checked_at = time.monotonic()
         self._c = Consumer({**config, "enable.partition.eof": True})
         self._c.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
 
@@ -139,28 +135,6 @@ class OwnedConsumer:
                 break
             msg = self._c.poll(0)  # drain what is already fetched, without waiting
         self._backpressure()
-        if self.last_poll - self._checked_at >= TRUNCATION_CHECK_S:
-            self._checked_at = self.last_poll
-            self._check_truncation()
-
-    def _check_truncation(self) -> None:
-        """A broker that lost its log (or truncated it) starts offsets over; a
-        position past the new end would wait forever for offsets that may never
-        come. Seek such partitions back to the start of what the log holds."""
-        for part in sorted(self.assigned):
-            tp = TopicPartition(self.topic, part)
-            try:
-                low, high = self._c.get_watermark_offsets(tp, timeout=1.0, cached=False)
-                (pos,) = self._c.position([tp])
-            except Exception:  # KafkaException: the broker is away; try next time
-                return
-            behind = high >= 0 and (
-                (pos.offset is not None and pos.offset > high) or high < self._committed.get(part, -1)
-            )
-            if behind:
-                self._rewound(part)
-                with contextlib.suppress(Exception):  # not fetching yet: the reset policy applies
-                    self._c.seek(TopicPartition(self.topic, part, max(low, 0)))
 
     def _add(self, e: _Entry) -> None:
         if e.partition not in self.assigned:
