@@ -10,7 +10,7 @@ from agentdispatch.transports.base import Delivery, Transport
 
 
 def get_delivery(
-    transport: Transport, owner: str = "t:0", timeout: float = 10.0, visibility_s: float = 30.0
+    transport: Transport, owner: str = "t:0", timeout: float = 30.0, visibility_s: float = 30.0
 ) -> Delivery:
     """Wait for one delivery or fail."""
     deadline = time.monotonic() + timeout
@@ -21,7 +21,7 @@ def get_delivery(
     raise AssertionError("no delivery arrived")
 
 
-def get_for(transport: Transport, job_id: str, owner: str = "t:0", timeout: float = 10.0) -> Delivery:
+def get_for(transport: Transport, job_id: str, owner: str = "t:0", timeout: float = 30.0) -> Delivery:
     """Wait for the delivery of ``job_id``, acking unrelated ones."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
