@@ -58,7 +58,7 @@ def test_concurrent_copies_one_receipt_one_item(pg_gateway: tuple[Gateway, str])
             t.start()
         for t in threads:
             t.join()
-        assert codes == [200, 200, 200]
+        assert codes == [200, 200, 200], gw.log()[-4000:]
         source = f"{APP}:T0TEAM:EvPg{n}"
         assert _count(uri, "SELECT count(*) FROM intake_receipts WHERE source_id = %s", source) == 1
         joined = "SELECT count(*) FROM work_items w JOIN intake_receipts r ON r.job_id = w.id WHERE r.source_id = %s"

@@ -66,7 +66,9 @@ INSERT INTO intake_receipts
 VALUES (:id, :connector, :source_id, :installation_id, :tenant, :state, :reason, :job_id, :agent, :conversation,
         :sender, :message_key, :body_sha256, :body_size, :envelope, :raw, :answer_status, :answer_type,
         :answer_body, :retry_num, :retry_reason, :now)
-ON CONFLICT (connector, source_id) DO NOTHING
+-- No conflict target: the id is derived from (connector, source_id), so a
+-- concurrent copy may collide on either unique index first.
+ON CONFLICT DO NOTHING
 RETURNING id
 
 -- name: mismatch_insert

@@ -78,11 +78,14 @@ class Intake:
         except TimeoutError:
             abandoned.set()
             fut.add_done_callback(lambda f: f.exception())  # consumed: no "never retrieved" noise
+            log.warning("intake store slower than the commit timeout: answered 503")
             raise Unavailable() from None
         except Abandoned:
+            log.warning("intake transaction finished after its 503: rolled back")
             raise Unavailable() from None
         except Exception as exc:
             if is_outage(exc) or type(exc).__name__ == "QueueFull":
+                log.warning("intake store unavailable (%s: %s): answered 503", type(exc).__name__, exc)
                 raise Unavailable() from None
             raise
 
