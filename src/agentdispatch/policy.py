@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import random
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -47,7 +48,8 @@ class Backpressure:
     """Slows claiming when recent handler failures or latency cross a budget.
 
     Pure apart from its window: feed ``record`` with each turn's result and ask
-    ``claim_delay`` before each claim.
+    ``claim_delay`` before each claim. Shared by a worker's claim threads, so
+    the window and its running sums change under one lock.
     """
 
     window: int = 50
@@ -55,20 +57,29 @@ class Backpressure:
     latency_budget_s: float = 30.0
     max_delay_s: float = 2.0
     _recent: deque[tuple[bool, float]] = field(default_factory=deque)
+    _failures: int = 0
+    _latency: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def record(self, ok: bool, latency_s: float) -> None:
         """Remember one turn's outcome and duration."""
-        self._recent.append((ok, latency_s))
-        while len(self._recent) > self.window:
-            self._recent.popleft()
+        with self._lock:
+            self._recent.append((ok, latency_s))
+            self._failures += not ok
+            self._latency += latency_s
+            while len(self._recent) > self.window:
+                old_ok, old_latency = self._recent.popleft()
+                self._failures -= not old_ok
+                self._latency -= old_latency
 
     def claim_delay(self) -> float:
         """Seconds to wait before the next claim (0 when healthy)."""
-        if len(self._recent) < 10:
-            return 0.0
-        n = len(self._recent)
-        failure_rate = sum(1 for ok, _ in self._recent if not ok) / n
-        mean_latency = sum(lat for _, lat in self._recent) / n
+        with self._lock:
+            n = len(self._recent)
+            if n < 10:
+                return 0.0
+            failure_rate = self._failures / n
+            mean_latency = max(0.0, self._latency) / n
         over = max(
             failure_rate / self.max_failure_rate,
             mean_latency / self.latency_budget_s,

@@ -132,3 +132,31 @@ def test_backpressure_window_forgets_old_results() -> None:
         bp.record(True, 0.0)
     assert bp.claim_delay() == 0.0
     assert len(bp._recent) == 10
+
+
+def test_backpressure_is_safe_across_claim_threads():
+    # A worker's claim threads record and ask at once; iterating the window
+    # while another thread appended used to kill a claim thread.
+    import threading
+
+    bp = Backpressure(window=5)
+    errors: list[BaseException] = []
+
+    def churn(ok: bool) -> None:
+        try:
+            for _ in range(20_000):
+                bp.record(ok, 0.001)
+                bp.claim_delay()
+        except BaseException as exc:  # pragma: no cover - the failure being tested
+            errors.append(exc)
+
+    threads = [threading.Thread(target=churn, args=(i % 2 == 0,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    bp_fail = Backpressure(window=10)
+    for _ in range(25):
+        bp_fail.record(False, 0.0)
+    assert bp_fail.claim_delay() == bp_fail.max_delay_s  # sums stay exact after evictions
