@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import random
@@ -37,6 +38,7 @@ def sweep_every(ttl_s: float) -> float:
     return max(0.2, min(5.0, ttl_s / 4))
 
 
+@functools.lru_cache(maxsize=65_536)
 def opaque_ref(key: bytes, *parts: str) -> str:
     """A keyed hash of ``parts``: a scheduling reference that hides names."""
     msg = "\x1f".join(parts).encode()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -14,7 +15,13 @@ from pathlib import Path
 from .errors import TaskQueueUnavailable
 
 BUSY_TIMEOUT_MS = 30_000
-NOW_SQL = "SELECT (julianday('now') - 2440587.5) * 86400.0"
+
+
+def clock() -> float:
+    """The database clock of a SQLite file: the host's clock (SQLite's own
+    ``julianday('now')`` reads the same one, at millisecond resolution, and
+    costs a statement). Every process sharing the file shares this host."""
+    return time.time()
 
 
 class SqliteDb:
@@ -193,7 +200,7 @@ class SqliteDb:
 
     def now(self) -> float:
         """Database time (the host clock, as SQLite reads it)."""
-        return float(self.conn().execute(NOW_SQL).fetchone()[0])
+        return clock()
 
     def close(self) -> None:
         """Close every connection this object opened."""

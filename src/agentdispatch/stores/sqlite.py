@@ -16,7 +16,7 @@ from ..envelope import Envelope
 from ..errors import TaskQueueUnavailable
 from ..policy import opaque_ref
 from ..sqlfiles import Queries, migrations
-from ..sqlite_db import SqliteDb
+from ..sqlite_db import SqliteDb, clock
 from ..workitem import Lease, Outcome, Status, WorkItem
 from . import engine
 from .base import Accepted, Claim, Effect, NewJob, SweepReport, WorkerRow
@@ -36,7 +36,7 @@ class SqliteTx:
 
     def now(self) -> float:
         if self._now is None:
-            self._now = float(self.c.execute("SELECT (julianday('now') - 2440587.5) * 86400.0").fetchone()[0])
+            self._now = clock()
         return self._now
 
     def load(self, job_id: str, *, lock: bool = True) -> WorkItem | None:

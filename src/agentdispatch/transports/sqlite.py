@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import DepthUnavailable, TaskQueueUnavailable
 from ..sqlfiles import Queries
-from ..sqlite_db import NOW_SQL, SqliteDb
+from ..sqlite_db import SqliteDb, clock
 from .base import Delivery, Receipt
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class SqliteTransport:
 
     def _get_once(self, owner: str, visibility_s: float) -> Delivery | None:
         with self.db.tx() as c:
-            now = float(c.execute(NOW_SQL).fetchone()[0])
+            now = clock()
             params = {"owner": owner, "now": now, "vis": visibility_s}
             row = c.execute(Q["get_expired"], params).fetchone()
             if row is None:
@@ -78,7 +78,7 @@ class SqliteTransport:
 
     def release(self, delivery: Delivery, delay_s: float) -> None:
         with self.db.tx() as c:
-            now = float(c.execute(NOW_SQL).fetchone()[0])
+            now = clock()
             c.execute(Q["release"], {**self._receipt_params(delivery), "now": now, "delay": delay_s})
 
     def atomic(self, durable: bool) -> AbstractContextManager[Any]:
@@ -88,7 +88,7 @@ class SqliteTransport:
     def depth(self) -> int:
         try:
             c = self.db.conn()
-            now = float(c.execute(NOW_SQL).fetchone()[0])
+            now = clock()
             return int(c.execute(Q["depth"], {"now": now}).fetchone()[0])
         except (sqlite3.Error, TaskQueueUnavailable) as exc:
             raise DepthUnavailable(f"queue depth unavailable ({type(exc).__name__})") from None
