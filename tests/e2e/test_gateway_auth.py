@@ -177,3 +177,22 @@ def _dead(h: Harness, tenant: str) -> str:
     assert claim.lease is not None
     h.store.commit(claim.lease, Outcome(ok=False, error="x", dead_letter_reason="handler_error"))
     return handle.job_id
+
+
+def test_invalid_body_without_a_valid_token_is_401_not_422(gw: Gateway, harness: Harness) -> None:
+    # FastAPI validates bodies before dependencies run: the gateway must still
+    # authenticate first, so an outsider learns nothing about the schema.
+    before = _snapshot(harness)
+    for header in (None, "Bearer not-a-token", "Bearer adt_000000000000_" + "A" * 43):
+        headers = {"Authorization": header} if header else {}
+        with httpx.Client(base_url=gw.url, headers=headers) as c:
+            bad_json = c.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
+            bad_field = c.post("/v1/jobs", json={"kind": 42})
+            bad_query = c.get("/v1/jobs", params={"limit": "many"})
+        for r in (bad_json, bad_field, bad_query):
+            assert r.status_code == 401, (header, r.status_code, r.text)
+            assert r.json()["error"] == "unauthorized"
+    with gw.client("acme") as c:  # a valid token still gets the precise 422
+        r = c.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 422 and r.json()["error"] == "invalid_request"
+    assert _snapshot(harness) == before

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import api, errors, intake, ops
@@ -77,7 +78,6 @@ def create_app(services: Services) -> FastAPI:
     )
     app.state.services = services
     app.add_middleware(BodyLimit)
-    errors.install(app)
     bearer = HTTPBearer(auto_error=False, description="A token from `agentdispatch token create --tenant T`.")
 
     async def caller(
@@ -86,6 +86,18 @@ def create_app(services: Services) -> FastAPI:
         # HTTPBearer only documents the scheme; authenticate() parses the raw header
         # here (no I/O) and defers the token lookup to the route's worker thread.
         return authenticate(services, request.headers.get("authorization"))
+
+    async def authenticated_first(request: Request) -> None:
+        # FastAPI validates the body before it resolves dependencies: on a
+        # route that takes a caller, authenticate before answering 422.
+        route = request.scope.get("route")
+        dependant = getattr(route, "dependant", None)
+        if dependant is None or not any(d.call is caller for d in dependant.dependencies):
+            return
+        who = authenticate(services, request.headers.get("authorization"))
+        await run_in_threadpool(lambda: who.tenant)
+
+    errors.install(app, authenticated_first)
 
     app.include_router(api.build_router(services, caller))
     app.include_router(ops.build_router(services, caller))

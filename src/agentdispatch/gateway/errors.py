@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -84,13 +85,20 @@ def map_exception(exc: BaseException) -> JSONResponse:
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def install(app: FastAPI) -> None:
-    """Register the exception handlers on ``app``."""
+def install(app: FastAPI, authenticate: Callable[[Request], Awaitable[None]] | None = None) -> None:
+    """Register the exception handlers on ``app``. ``authenticate`` (raising
+    :class:`ApiError` 401) runs before a 422 is answered, so a caller without
+    a valid token learns nothing about what a valid body looks like."""
 
     async def on_error(request: Request, exc: Exception) -> JSONResponse:
         return map_exception(exc)
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
+        if authenticate is not None:
+            try:
+                await authenticate(request)
+            except Exception as denied:  # 401, or the store could not tell (503)
+                return map_exception(denied)
         errors = exc.errors() if isinstance(exc, RequestValidationError) else []
         first = errors[0] if errors else {}
         where = ".".join(str(p) for p in first.get("loc", ())) or "request"
