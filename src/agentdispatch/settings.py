@@ -56,6 +56,8 @@ class Settings(BaseSettings):
     intake_commit_timeout_s: float = Field(default=2.0, gt=0, le=60, alias="AGENT_DISPATCH_INTAKE_COMMIT_TIMEOUT_S")
     #: Durable intake: a webhook body not fully read within this cuts the sender off (408).
     intake_body_timeout_s: float = Field(default=10.0, gt=0, le=120, alias="AGENT_DISPATCH_INTAKE_BODY_TIMEOUT_S")
+    #: Durable intake: how often the gateway scrubs terminal bodies older than 7 days.
+    intake_scrub_every_s: float = Field(default=3600.0, gt=0, le=86400, alias="AGENT_DISPATCH_INTAKE_SCRUB_EVERY_S")
 
     @field_validator("task_queue_backend", mode="before")
     @classmethod

@@ -2,6 +2,8 @@
 
 # No `from __future__ import annotations`: FastAPI must evaluate the route
 # signatures, which use aliases local to the router factory.
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Annotated
 
@@ -70,7 +72,18 @@ def _asset(name: str) -> bytes:
 
 def create_app(services: Services) -> FastAPI:
     """Build the gateway: jobs API, fleet, metrics, dashboard."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # Intake retention runs beside the webhooks that fill it.
+        scrubber = intake.Scrubber(services.store, every_s=services.settings.intake_scrub_every_s).start()
+        try:
+            yield
+        finally:
+            scrubber.stop()
+
     app = FastAPI(
+        lifespan=lifespan,
         title="agentdispatch gateway",
         version="1",
         description="Submit, inspect and cancel agent turns; watch the fleet. "
