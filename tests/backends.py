@@ -142,9 +142,40 @@ def fresh_pg_database(cleanup: list[Callable[[], None]]) -> str:
     return base.rsplit("/", 1)[0] + "/" + name
 
 
+def bouncer_harness(tmp_path: Path, **overrides: Any) -> Harness:
+    """Store and transport on a fresh database reached through PgBouncer in
+    transaction mode: nothing on the correctness path may rely on session
+    state (LISTEN notifications are lost there: the polling fallback works)."""
+    from pgbouncer import bouncer
+
+    base = os.environ.get("AGENTDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+    cleanup: list[Callable[[], None]] = []
+    direct = fresh_pg_database(cleanup)
+    uri = bouncer(base).uri(direct.rsplit("/", 1)[1])
+    env = {"STATE_DB_URI": uri, "TASK_QUEUE_BACKEND": "postgres"}
+    try:
+        settings = _settings(env, overrides)
+        store, transport = open_backends(settings, migrate=True)
+    except BaseException:
+        for fn in cleanup:
+            fn()
+        raise
+    h = Harness("pgbouncer", settings, store, transport, env=env)
+
+    def close_then_drop() -> None:
+        transport.close()
+        store.close()
+        for fn in cleanup:
+            fn()
+
+    h.cleanup.append(close_then_drop)
+    return h
+
+
 BUILDERS: dict[str, Callable[..., Harness]] = {
     "sqlite": sqlite_harness,
     "postgres": postgres_harness,
+    "pgbouncer": bouncer_harness,
     "kafka": kafka_harness,
     "kafka-pg": lambda tmp_path, **kw: kafka_harness(tmp_path, pg=True, **kw),
 }

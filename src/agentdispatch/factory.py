@@ -27,7 +27,11 @@ def open_store(settings: Settings, *, migrate: bool | None = None) -> Store:
     store: Store
     if settings.state_db_uri:
         cls = _load("stores.postgres", "PostgresStore", "postgres")
-        store = cls(settings.state_db_uri, extra_attempts=settings.max_attempts)
+        store = cls(
+            settings.state_db_uri,
+            extra_attempts=settings.max_attempts,
+            prepared=settings.pg_prepared_statements,
+        )
     else:
         from .stores.sqlite import SqliteStore
 

@@ -122,12 +122,15 @@ def _quiet_pool_logs() -> None:
 class PgDb:
     """A pool of autocommit connections and the transaction runner."""
 
-    def __init__(self, uri: str, *, max_size: int = 32, timeout_s: float = 10.0) -> None:
+    def __init__(self, uri: str, *, max_size: int = 32, timeout_s: float = 10.0, prepared: bool = False) -> None:
         _quiet_pool_logs()
         self.uri = uri
+        # Server-side prepared statements outlive a transaction: a pooler in
+        # transaction mode (PgBouncer before 1.21) hands the next transaction
+        # another server connection, so they are opt-in for direct connections.
         self.pool: ConnectionPool[Conn] = ConnectionPool(
             uri,
-            kwargs={"autocommit": True, "row_factory": dict_row},
+            kwargs={"autocommit": True, "row_factory": dict_row, "prepare_threshold": 5 if prepared else None},
             connection_class=Conn,
             min_size=1,
             max_size=max_size,

@@ -42,8 +42,16 @@ class PostgresStore:
 
     name = "postgres"
 
-    def __init__(self, uri: str, *, extra_attempts: int = 5, pool_size: int = 32, pool_timeout_s: float = 10.0) -> None:
-        self.db = PgDb(uri, max_size=pool_size, timeout_s=pool_timeout_s)
+    def __init__(
+        self,
+        uri: str,
+        *,
+        extra_attempts: int = 5,
+        pool_size: int = 32,
+        pool_timeout_s: float = 10.0,
+        prepared: bool = False,
+    ) -> None:
+        self.db = PgDb(uri, max_size=pool_size, timeout_s=pool_timeout_s, prepared=prepared)
         self.extra_attempts = extra_attempts
         self._ref_key: bytes | None = None
 
