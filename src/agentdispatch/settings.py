@@ -40,9 +40,9 @@ class Settings(BaseSettings):
 
     task_queue_backend: Backend | None = Field(default=None, alias="TASK_QUEUE_BACKEND")
     state_db_uri: str | None = Field(default=None, alias="STATE_DB_URI")
-    #: Server-side prepared statements: only with a direct connection or a pooler
-    #: that keeps them (PgBouncer >= 1.21 with max_prepared_statements).
-    pg_prepared_statements: bool = Field(default=False, alias="AGENT_DISPATCH_PG_PREPARED_STATEMENTS")
+    #: Server-side prepared statements (off behind a pooler in transaction mode
+    #: that drops them, PgBouncer before 1.21; the first loss turns them off).
+    pg_prepared_statements: bool = Field(default=True, alias="AGENT_DISPATCH_PG_PREPARED_STATEMENTS")
     data_dir: Path = Field(default_factory=_default_data_dir, alias="AGENT_DISPATCH_DATA_DIR")
     kafka_bootstrap_servers: str | None = Field(default=None, alias="KAFKA_BOOTSTRAP_SERVERS")
     agent_turns_partitions: int = Field(default=6, ge=1, alias="AGENT_TURNS_PARTITIONS")

@@ -31,6 +31,7 @@ from psycopg_pool import ConnectionPool
 from ..errors import TaskQueueUnavailable
 
 T = TypeVar("T")
+log = logging.getLogger("agentdispatch.postgres")
 INTRANS, INERROR = TransactionStatus.INTRANS, TransactionStatus.INERROR
 
 
@@ -88,6 +89,8 @@ class Conn(psycopg.Connection[DictRow]):
 
 #: Errors after which the transaction certainly rolled back: run it again.
 _RETRY_NOW = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure, pg_errors.LockNotAvailable)
+#: A pooler in transaction mode lost (or mixed up) a server-side prepared statement.
+_PREPARED_LOST = (pg_errors.InvalidSqlStatementName, pg_errors.DuplicatePreparedStatement)
 #: Claims and renewals may commit asynchronously: a lost one is redone.
 BEGIN_ASYNC = "BEGIN; SET LOCAL synchronous_commit = off"
 BEGIN_DURABLE = "BEGIN; SET LOCAL synchronous_commit = on"
@@ -122,12 +125,14 @@ def _quiet_pool_logs() -> None:
 class PgDb:
     """A pool of autocommit connections and the transaction runner."""
 
-    def __init__(self, uri: str, *, max_size: int = 32, timeout_s: float = 10.0, prepared: bool = False) -> None:
+    def __init__(self, uri: str, *, max_size: int = 32, timeout_s: float = 10.0, prepared: bool = True) -> None:
         _quiet_pool_logs()
         self.uri = uri
-        # Server-side prepared statements outlive a transaction: a pooler in
-        # transaction mode (PgBouncer before 1.21) hands the next transaction
-        # another server connection, so they are opt-in for direct connections.
+        # Server-side prepared statements outlive a transaction: behind a pooler
+        # in transaction mode (PgBouncer before 1.21) the next transaction gets
+        # another server connection. The first such failure turns them off for
+        # this process (the failed transaction certainly rolled back: retried).
+        self.prepared = prepared
         self.pool: ConnectionPool[Conn] = ConnectionPool(
             uri,
             kwargs={"autocommit": True, "row_factory": dict_row, "prepare_threshold": 5 if prepared else None},
@@ -149,13 +154,32 @@ class PgDb:
     def _unavailable(self, exc: BaseException, what: str) -> TaskQueueUnavailable:
         return TaskQueueUnavailable(f"PostgreSQL {what} failed ({describe(exc)}); check STATE_DB_URI")
 
+    @contextmanager
+    def _connection(self, timeout: float | None = None) -> Iterator[Conn]:
+        with self.pool.connection(timeout=timeout) as conn:
+            if not self.prepared and conn.prepare_threshold is not None:
+                conn.prepare_threshold = None
+            yield conn
+
+    def _unprepare(self) -> None:
+        if self.prepared:
+            self.prepared = False
+            log.warning(
+                "a server-side prepared statement was lost (a pooler in transaction mode?): "
+                "turned them off; set AGENT_DISPATCH_PG_PREPARED_STATEMENTS=0 to start that way"
+            )
+
     def read(self, fn: Callable[[Conn], T]) -> T:
         """Run an idempotent read; after a connection error, check the pool
         (dropping connections a restart broke) and try once more."""
         for attempt in (1, 2):
             try:
-                with self.pool.connection() as conn:
+                with self._connection() as conn:
                     return fn(conn)
+            except _PREPARED_LOST as exc:
+                self._unprepare()
+                if attempt == 2:
+                    raise self._unavailable(exc, "read") from None
             except psycopg.OperationalError as exc:
                 if attempt == 2:
                     raise self._unavailable(exc, "read") from None
@@ -201,9 +225,11 @@ class PgDb:
         transactions commit asynchronously: losing one in a crash is safe,
         because the next durable commit flushes the WAL written before it."""
         try:
-            with self.pool.connection() as conn, self._begin(conn, durable):
+            with self._connection() as conn, self._begin(conn, durable):
                 yield conn
         except psycopg.Error as exc:
+            if isinstance(exc, _PREPARED_LOST):
+                self._unprepare()  # this transaction failed; the next one works
             raise self._unavailable(exc, "transaction") from None
 
     @contextmanager
@@ -233,6 +259,8 @@ class PgDb:
                 self._local.durable = True
             return fn(conn)
         except psycopg.Error as exc:
+            if isinstance(exc, _PREPARED_LOST):
+                self._unprepare()
             raise self._unavailable(exc, "transaction") from None
 
     def run(
@@ -262,7 +290,7 @@ class PgDb:
             # (while the database is down the pool cannot hand one out).
             wait_s = max(1.0, min(self.pool.timeout, deadline - time.monotonic()))
             try:
-                with self.pool.connection(timeout=wait_s) as conn:
+                with self._connection(timeout=wait_s) as conn:
                     if single:
                         committing = True
                         return fn(conn)
@@ -270,6 +298,10 @@ class PgDb:
                         result = fn(conn)
                         committing = True
                     return result
+            except _PREPARED_LOST as exc:
+                self._unprepare()
+                if attempt >= 5:
+                    raise self._unavailable(exc, "transaction") from None
             except _RETRY_NOW as exc:
                 if attempt >= 5:
                     raise self._unavailable(exc, "transaction") from None

@@ -49,7 +49,7 @@ class PostgresStore:
         extra_attempts: int = 5,
         pool_size: int = 32,
         pool_timeout_s: float = 10.0,
-        prepared: bool = False,
+        prepared: bool = True,
     ) -> None:
         self.db = PgDb(uri, max_size=pool_size, timeout_s=pool_timeout_s, prepared=prepared)
         self.extra_attempts = extra_attempts
