@@ -73,6 +73,12 @@ def postgres_harness(tmp_path: Path, **overrides: Any) -> Harness:
     from pg import create_schema
 
     _name, uri, drop = create_schema()
+    return _pg_backed("postgres", uri, drop, overrides)
+
+
+def _pg_backed(name: str, uri: str, drop: Callable[[], None], overrides: dict[str, Any]) -> Harness:
+    """The PostgreSQL store and transport at ``uri``; ``drop`` removes what
+    holds them, after the pools are closed (or when opening fails)."""
     env = {"STATE_DB_URI": uri, "TASK_QUEUE_BACKEND": "postgres"}
     try:
         settings = _settings(env, overrides)
@@ -80,7 +86,7 @@ def postgres_harness(tmp_path: Path, **overrides: Any) -> Harness:
     except BaseException:
         drop()
         raise
-    h = Harness("postgres", settings, store, transport, env=env)
+    h = Harness(name, settings, store, transport, env=env)
 
     def close_then_drop() -> None:
         # Harness.close runs cleanup before closing the pools: close them first.
@@ -151,25 +157,12 @@ def bouncer_harness(tmp_path: Path, **overrides: Any) -> Harness:
     base = os.environ.get("AGENTDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
     cleanup: list[Callable[[], None]] = []
     direct = fresh_pg_database(cleanup)
-    uri = bouncer(base).uri(direct.rsplit("/", 1)[1])
-    env = {"STATE_DB_URI": uri, "TASK_QUEUE_BACKEND": "postgres"}
-    try:
-        settings = _settings(env, overrides)
-        store, transport = open_backends(settings, migrate=True)
-    except BaseException:
-        for fn in cleanup:
-            fn()
-        raise
-    h = Harness("pgbouncer", settings, store, transport, env=env)
 
-    def close_then_drop() -> None:
-        transport.close()
-        store.close()
+    def drop() -> None:
         for fn in cleanup:
             fn()
 
-    h.cleanup.append(close_then_drop)
-    return h
+    return _pg_backed("pgbouncer", bouncer(base).uri(direct.rsplit("/", 1)[1]), drop, overrides)
 
 
 BUILDERS: dict[str, Callable[..., Harness]] = {

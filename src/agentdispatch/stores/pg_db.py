@@ -152,6 +152,10 @@ class PgDb:
         self.pool.close(timeout=5.0)
 
     def _unavailable(self, exc: BaseException, what: str) -> TaskQueueUnavailable:
+        """The error to raise for ``exc``; a lost prepared statement also turns
+        them off, so the caller's next transaction works."""
+        if isinstance(exc, _PREPARED_LOST):
+            self._unprepare()
         return TaskQueueUnavailable(f"PostgreSQL {what} failed ({describe(exc)}); check STATE_DB_URI")
 
     @contextmanager
@@ -228,8 +232,6 @@ class PgDb:
             with self._connection() as conn, self._begin(conn, durable):
                 yield conn
         except psycopg.Error as exc:
-            if isinstance(exc, _PREPARED_LOST):
-                self._unprepare()  # this transaction failed; the next one works
             raise self._unavailable(exc, "transaction") from None
 
     @contextmanager
@@ -259,8 +261,6 @@ class PgDb:
                 self._local.durable = True
             return fn(conn)
         except psycopg.Error as exc:
-            if isinstance(exc, _PREPARED_LOST):
-                self._unprepare()
             raise self._unavailable(exc, "transaction") from None
 
     def run(

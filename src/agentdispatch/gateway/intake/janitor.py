@@ -26,14 +26,12 @@ class Scrubber:
         self.istore = IntakeStore(store)
         self.every_s = every_s
         self.retention_s = retention_s
-        self.scrubbed = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def run_once(self) -> int:
         """One pass; returns how many receipts were scrubbed."""
         n = self.istore.scrub(self.retention_s)
-        self.scrubbed += n
         if n:
             log.info("scrubbed the bodies of %d terminal intake receipts", n)
         return n
