@@ -76,10 +76,12 @@ def postgres_harness(tmp_path: Path, **overrides: Any) -> Harness:
     return _pg_backed("postgres", uri, drop, overrides)
 
 
-def _pg_backed(name: str, uri: str, drop: Callable[[], None], overrides: dict[str, Any]) -> Harness:
+def _pg_backed(
+    name: str, uri: str, drop: Callable[[], None], overrides: dict[str, Any], **extra_env: str
+) -> Harness:
     """The PostgreSQL store and transport at ``uri``; ``drop`` removes what
     holds them, after the pools are closed (or when opening fails)."""
-    env = {"STATE_DB_URI": uri, "TASK_QUEUE_BACKEND": "postgres"}
+    env = {"STATE_DB_URI": uri, "TASK_QUEUE_BACKEND": "postgres", **extra_env}
     try:
         settings = _settings(env, overrides)
         store, transport = open_backends(settings, migrate=True)
@@ -162,7 +164,11 @@ def bouncer_harness(tmp_path: Path, **overrides: Any) -> Harness:
         for fn in cleanup:
             fn()
 
-    return _pg_backed("pgbouncer", bouncer(base).uri(direct.rsplit("/", 1)[1]), drop, overrides)
+    # Configured as docs/operations.md says to run behind PgBouncer. The switch-off
+    # after a lost prepared statement is tested in test_postgres_pgbouncer.py:
+    # here it would abandon a worker's turn to its lease TTL, once per process.
+    uri = bouncer(base).uri(direct.rsplit("/", 1)[1])
+    return _pg_backed("pgbouncer", uri, drop, overrides, AGENT_DISPATCH_PG_PREPARED_STATEMENTS="0")
 
 
 BUILDERS: dict[str, Callable[..., Harness]] = {

@@ -36,8 +36,23 @@ _ENQUEUE_COLS = (
 )  # fmt: skip
 
 
+#: Columns sent as ``float8[]``: binary arrays must not mix ``int`` and ``float``.
+_FLOAT_COLS = frozenset(
+    ("deadline_unix", "created_at", "ready_at", "updated_at", "at", "enqueued_at", "visible_at")
+)
+
+
 def _columns(rows: list[dict[str, Any]], cols: Sequence[str]) -> dict[str, list[Any]]:
-    return {c: [r[c] for r in rows] for c in cols}
+    """Column arrays of ``rows``, for the ``unnest`` statements. They travel as
+    binary arrays (``%(name)b``): psycopg's text array dumper escapes every JSON
+    string with a regular expression, which dominated bulk submits."""
+    out: dict[str, list[Any]] = {}
+    for c in cols:
+        values = [r[c] for r in rows]
+        if c in _FLOAT_COLS:
+            values = [None if v is None else float(v) for v in values]
+        out[c] = values
+    return out
 
 
 class PostgresTx:

@@ -11,7 +11,7 @@ SELECT * FROM work_items WHERE id = %(id)s FOR UPDATE
 SELECT now, item, leaf, blocker_status, blocker_expires_at FROM dispatch_item_read(%(id)s, %(session)s)
 
 -- name: submit_read
-SELECT now, depth, seqs, items FROM dispatch_submit_read(%(ids)s::text[], %(n)s, %(max)s)
+SELECT now, depth, seqs, items FROM dispatch_submit_read(%(ids)b::text[], %(n)s, %(max)s)
 
 -- name: submit_write
 -- A submission's rows in one statement (items, provenance, envelopes); the
@@ -23,17 +23,17 @@ WITH items AS (
         updated_at, lease_epoch
     )
     SELECT * FROM unnest(
-        %(seq)s::bigint[], %(id)s::text[], %(tenant)s::text[], %(session_id)s::text[],
-        %(session_ref)s::text[], %(kind)s::text[], %(agent_name)s::text[], %(payload)s::text[],
-        %(priority)s::int[], %(status)s::text[], %(reason)s::text[], %(attempts)s::int[],
-        %(max_attempts)s::int[], %(dependencies)s::text[], %(deadline_unix)s::float8[],
-        %(created_at)s::float8[], %(ready_at)s::float8[], %(updated_at)s::float8[], %(lease_epoch)s::bigint[]
+        %(seq)b::bigint[], %(id)b::text[], %(tenant)b::text[], %(session_id)b::text[],
+        %(session_ref)b::text[], %(kind)b::text[], %(agent_name)b::text[], %(payload)b::text[],
+        %(priority)b::int[], %(status)b::text[], %(reason)b::text[], %(attempts)b::int[],
+        %(max_attempts)b::int[], %(dependencies)b::text[], %(deadline_unix)b::float8[],
+        %(created_at)b::float8[], %(ready_at)b::float8[], %(updated_at)b::float8[], %(lease_epoch)b::bigint[]
     )
 ), events AS (
     INSERT INTO work_events (job_id, at, event, status, attempt, epoch, detail)
     SELECT * FROM unnest(
-        %(e_job_id)s::text[], %(e_at)s::float8[], %(e_event)s::text[], %(e_status)s::text[],
-        %(e_attempt)s::int[], %(e_epoch)s::bigint[], %(e_detail)s::text[]
+        %(e_job_id)b::text[], %(e_at)b::float8[], %(e_event)b::text[], %(e_status)b::text[],
+        %(e_attempt)b::int[], %(e_epoch)b::bigint[], %(e_detail)b::text[]
     )
 )
 INSERT INTO agent_dispatch_queue (
@@ -41,13 +41,13 @@ INSERT INTO agent_dispatch_queue (
     enqueued_at, visible_at
 )
 SELECT * FROM unnest(
-    %(q_job_id)s::text[], %(q_item_seq)s::bigint[], %(q_session_ref)s::text[], %(q_tenant_ref)s::text[],
-    %(q_group_ref)s::text[], %(q_priority)s::int[], %(q_deadline_unix)s::float8[], %(q_envelope)s::text[],
-    %(q_enqueued_at)s::float8[], %(q_visible_at)s::float8[]
+    %(q_job_id)b::text[], %(q_item_seq)b::bigint[], %(q_session_ref)b::text[], %(q_tenant_ref)b::text[],
+    %(q_group_ref)b::text[], %(q_priority)b::int[], %(q_deadline_unix)b::float8[], %(q_envelope)b::text[],
+    %(q_enqueued_at)b::float8[], %(q_visible_at)b::float8[]
 )
 
 -- name: load_many
-SELECT * FROM work_items WHERE id = ANY(%(ids)s::text[]) ORDER BY id FOR UPDATE
+SELECT * FROM work_items WHERE id = ANY(%(ids)b::text[]) ORDER BY id FOR UPDATE
 
 -- name: next_seqs
 SELECT nextval(pg_get_serial_sequence('work_items', 'seq')) AS seq FROM generate_series(1, %(n)s)
@@ -59,11 +59,11 @@ INSERT INTO work_items (
     updated_at, lease_epoch
 )
 SELECT * FROM unnest(
-    %(seq)s::bigint[], %(id)s::text[], %(tenant)s::text[], %(session_id)s::text[],
-    %(session_ref)s::text[], %(kind)s::text[], %(agent_name)s::text[], %(payload)s::text[],
-    %(priority)s::int[], %(status)s::text[], %(reason)s::text[], %(attempts)s::int[],
-    %(max_attempts)s::int[], %(dependencies)s::text[], %(deadline_unix)s::float8[],
-    %(created_at)s::float8[], %(ready_at)s::float8[], %(updated_at)s::float8[], %(lease_epoch)s::bigint[]
+    %(seq)b::bigint[], %(id)b::text[], %(tenant)b::text[], %(session_id)b::text[],
+    %(session_ref)b::text[], %(kind)b::text[], %(agent_name)b::text[], %(payload)b::text[],
+    %(priority)b::int[], %(status)b::text[], %(reason)b::text[], %(attempts)b::int[],
+    %(max_attempts)b::int[], %(dependencies)b::text[], %(deadline_unix)b::float8[],
+    %(created_at)b::float8[], %(ready_at)b::float8[], %(updated_at)b::float8[], %(lease_epoch)b::bigint[]
 )
 
 -- name: save
@@ -90,8 +90,8 @@ VALUES (%(e_job_id)s, %(e_at)s, %(e_event)s, %(e_status)s, %(e_attempt)s, %(e_ep
 -- name: event_many
 INSERT INTO work_events (job_id, at, event, status, attempt, epoch, detail)
 SELECT * FROM unnest(
-    %(job_id)s::text[], %(at)s::float8[], %(event)s::text[], %(status)s::text[],
-    %(attempt)s::int[], %(epoch)s::bigint[], %(detail)s::text[]
+    %(job_id)b::text[], %(at)b::float8[], %(event)b::text[], %(status)b::text[],
+    %(attempt)b::int[], %(epoch)b::bigint[], %(detail)b::text[]
 )
 
 -- name: enqueue_many
@@ -100,9 +100,9 @@ INSERT INTO agent_dispatch_queue (
     enqueued_at, visible_at
 )
 SELECT * FROM unnest(
-    %(job_id)s::text[], %(item_seq)s::bigint[], %(session_ref)s::text[], %(tenant_ref)s::text[],
-    %(group_ref)s::text[], %(priority)s::int[], %(deadline_unix)s::float8[], %(envelope)s::text[],
-    %(enqueued_at)s::float8[], %(visible_at)s::float8[]
+    %(job_id)b::text[], %(item_seq)b::bigint[], %(session_ref)b::text[], %(tenant_ref)b::text[],
+    %(group_ref)b::text[], %(priority)b::int[], %(deadline_unix)b::float8[], %(envelope)b::text[],
+    %(enqueued_at)b::float8[], %(visible_at)b::float8[]
 )
 
 -- name: has_envelope
@@ -235,7 +235,7 @@ DELETE FROM dispatch_workers WHERE worker_id = %(id)s
 SELECT id, envelope FROM agent_dispatch_queue ORDER BY id LIMIT %(limit)s
 
 -- name: outbox_done
-DELETE FROM agent_dispatch_queue WHERE id = ANY(%(ids)s::bigint[])
+DELETE FROM agent_dispatch_queue WHERE id = ANY(%(ids)b::bigint[])
 
 -- name: token_create
 INSERT INTO api_tokens (token_id, token_hash, tenant, label, created_at) VALUES (%s, %s, %s, %s, %s)
