@@ -76,9 +76,7 @@ def postgres_harness(tmp_path: Path, **overrides: Any) -> Harness:
     return _pg_backed("postgres", uri, drop, overrides)
 
 
-def _pg_backed(
-    name: str, uri: str, drop: Callable[[], None], overrides: dict[str, Any], **extra_env: str
-) -> Harness:
+def _pg_backed(name: str, uri: str, drop: Callable[[], None], overrides: dict[str, Any], **extra_env: str) -> Harness:
     """The PostgreSQL store and transport at ``uri``; ``drop`` removes what
     holds them, after the pools are closed (or when opening fails)."""
     env = {"STATE_DB_URI": uri, "TASK_QUEUE_BACKEND": "postgres", **extra_env}

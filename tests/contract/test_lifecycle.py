@@ -150,6 +150,55 @@ def test_dependencies_release_and_cancel(harness):
         d.submit(Submission(kind="echo", tenant="t", dependencies=("dispatch-" + "0" * 32,)))
 
 
+def test_one_batch_mixes_new_existing_and_dependent_jobs(harness):
+    """A bulk submit writes in few statements: what each job becomes (and the
+    order a reader sees) must be that of one submission after another."""
+    d = harness.dispatcher()
+    done = d.submit(Submission(kind="echo", tenant="t"))
+    c = harness.store.claim(done.job_id, "t", owner="w", ttl_s=30)
+    assert c.lease is not None
+    harness.store.commit(c.lease, Outcome(ok=True))
+    failed = d.submit(Submission(kind="echo", tenant="t"))
+    d.cancel(failed.job_id, "t")
+    old = d.submit(Submission(kind="echo", tenant="t", job_id="old-job"))
+    handles = d.submit_many(
+        [
+            Submission(kind="echo", tenant="t", job_id="parent"),
+            Submission(kind="echo", tenant="t", job_id="waits", dependencies=("parent",)),
+            Submission(kind="echo", tenant="t", job_id="released", dependencies=(done.job_id,)),
+            Submission(kind="echo", tenant="t", job_id="doomed", dependencies=(failed.job_id,)),
+            Submission(kind="echo", tenant="t", job_id="old-job"),
+            Submission(kind="echo", tenant="t", job_id="parent"),
+        ]
+    )
+    assert [h.job_id for h in handles] == ["parent", "waits", "released", "doomed", "old-job", "parent"]
+    status = {j: d.status(j, "t") for j in ("parent", "waits", "released", "doomed", "old-job")}
+    assert {j: v["status"] for j, v in status.items()} == {
+        "parent": "ready",
+        "waits": "submitted",
+        "released": "ready",
+        "doomed": "cancelled",
+        "old-job": "ready",
+    }
+    assert status["doomed"]["reason"].startswith("dependency_failed")
+    seqs = [harness.store.get(j, "t").seq for j in ("parent", "waits", "released", "doomed")]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 4 and seqs[0] > harness.store.get(old.job_id, "t").seq
+    assert [e["event"] for e in d.history("released", "t")["events"]] == ["submitted", "released"]
+    assert [e["event"] for e in d.history("doomed", "t")["events"]] == ["submitted", "cancelled"]
+    # The ready ones are delivered; the waiting and the cancelled are not.
+    want, delivered = {old.job_id, "parent", "released"}, set()
+    deadline = time.monotonic() + 30
+    quiet_until = None
+    while time.monotonic() < (quiet_until or deadline):
+        got = harness.transport.get("w", visibility_s=30, wait_s=0.2)
+        if got is not None:
+            delivered.add(Envelope.from_json(got.raw).job_id)
+            harness.transport.ack(got)
+        if quiet_until is None and want <= delivered:
+            quiet_until = time.monotonic() + 1.0  # anything else would arrive by now
+    assert want <= delivered and not delivered & {"waits", "doomed"}
+
+
 def test_retry_backoff_then_dead_letter_then_replay(make_harness):
     h = make_harness(max_attempts=2)
     d = h.dispatcher()

@@ -121,26 +121,33 @@ def _owned(tx: Tx, job_id: str, tenant: str | None) -> WorkItem:
 def submit(tx: Tx, jobs: Sequence[NewJob], max_depth: int) -> list[Accepted]:
     """Insert new items (idempotently by id) after compare-and-admit."""
     now = tx.now()
-    out: list[Accepted] = []
-    fresh: list[NewJob] = []
+    existing: dict[str, WorkItem] = {}
+    fresh: set[str] = set()
     for job in jobs:
-        existing = tx.load(job.job_id)
-        if existing is not None:
-            if existing.tenant != job.tenant:
-                raise InvalidInput(f"job id {job.job_id} is not available")
-            out.append(Accepted(existing, created=False))
+        if job.job_id in existing or job.job_id in fresh:
+            continue
+        item = tx.load(job.job_id)
+        if item is None:
+            fresh.add(job.job_id)
+        elif item.tenant != job.tenant:
+            raise InvalidInput(f"job id {job.job_id} is not available")
         else:
-            fresh.append(job)
+            existing[job.job_id] = item
     if fresh:
         # A backend may compare without a global lock when told what it admits.
         admitted = getattr(tx, "admitted_depth", None)
         depth = admitted(len(fresh), max_depth) if admitted is not None else tx.active_count()
         if depth + len(fresh) > max_depth:
             raise QueueFull(f"queue full: {depth} active turns, bound AGENT_DISPATCH_MAX_DEPTH={max_depth}")
+    # Handles come back in submission order; a repeated id answers with the first.
+    out: list[Accepted] = []
     seen: dict[str, WorkItem] = {}
-    for job in fresh:
-        if job.job_id in seen:
-            out.append(Accepted(seen[job.job_id], created=False))
+    for job in jobs:
+        known = existing.get(job.job_id) or seen.get(job.job_id)
+        if known is not None:
+            if known.tenant != job.tenant:
+                raise InvalidInput(f"job id {job.job_id} is not available")
+            out.append(Accepted(known, created=False))
             continue
         item = wi.new_item(
             job_id=job.job_id,
@@ -161,7 +168,7 @@ def submit(tx: Tx, jobs: Sequence[NewJob], max_depth: int) -> list[Accepted]:
             for dep in job.dependencies:
                 # Locked: a parent committing concurrently either sees this child
                 # (and releases it) or is seen terminal here; never neither.
-                parent = seen.get(dep) or tx.load(dep)
+                parent = seen.get(dep) or existing.get(dep) or tx.load(dep)
                 if parent is None or parent.tenant != job.tenant:
                     raise InvalidInput(f"dependency {dep} of job {job.job_id} does not exist")
                 statuses.append(parent.status)

@@ -37,9 +37,7 @@ _ENQUEUE_COLS = (
 
 
 #: Columns sent as ``float8[]``: binary arrays must not mix ``int`` and ``float``.
-_FLOAT_COLS = frozenset(
-    ("deadline_unix", "created_at", "ready_at", "updated_at", "at", "enqueued_at", "visible_at")
-)
+_FLOAT_COLS = frozenset(("deadline_unix", "created_at", "ready_at", "updated_at", "at", "enqueued_at", "visible_at"))
 
 
 def _columns(rows: list[dict[str, Any]], cols: Sequence[str]) -> dict[str, list[Any]]:

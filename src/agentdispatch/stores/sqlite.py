@@ -9,6 +9,8 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +29,53 @@ Q = Queries(_SQL_PKG, "queries.sql")
 
 
 class SqliteTx:
-    """:class:`engine.Tx` over one open ``BEGIN IMMEDIATE`` transaction."""
+    """:class:`engine.Tx` over one open ``BEGIN IMMEDIATE`` transaction.
+
+    After :meth:`buffer` (a bulk submit), inserts, saves and provenance rows
+    are kept in call order and written with ``executemany`` before the next
+    read and at :meth:`flush`: the order a reader sees is that of one
+    statement per write, with a fraction of the per-statement cost."""
 
     def __init__(self, conn: sqlite3.Connection, ref_key: bytes) -> None:
         self.c = conn
         self.ref_key = ref_key
         self._now: float | None = None
+        self._prefetched: dict[str, WorkItem | None] = {}
+        self._pending: list[tuple[str, Any]] | None = None
+        self._next_seq = 0
+
+    # -- buffering ------------------------------------------------------------
+    def buffer(self) -> None:
+        """Buffer writes from here on; item sequence numbers are assigned here
+        (the write lock is held, so no other writer takes them)."""
+        row = self.c.execute(Q["last_seq"]).fetchone()
+        self._next_seq = int(row[0]) + 1
+        self._pending = []
+
+    def flush(self) -> None:
+        """Write every buffered row, consecutive rows of one statement at once."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        for sql, group in groupby(pending, key=itemgetter(0)):
+            self.c.executemany(sql, [params for _sql, params in group])
+
+    def _write(self, sql: str, params: Any) -> None:
+        if self._pending is None:
+            self.c.execute(sql, params)
+        else:
+            self._pending.append((sql, params))
+
+    def _read(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        if self._pending:
+            self.flush()
+        return self.c.execute(sql, params)
+
+    def prefetch(self, job_ids: Sequence[str]) -> None:
+        """Load many items in one query; each answers one :meth:`load`."""
+        ids = sorted(set(job_ids))
+        found = {r["id"]: item_from_row(r) for r in self._read(Q["load_many"], (json.dumps(ids),))}
+        self._prefetched = {i: found.get(i) for i in ids}
 
     def now(self) -> float:
         if self._now is None:
@@ -40,7 +83,9 @@ class SqliteTx:
         return self._now
 
     def load(self, job_id: str, *, lock: bool = True) -> WorkItem | None:
-        row = self.c.execute(Q["load"], (job_id,)).fetchone()
+        if job_id in self._prefetched:
+            return self._prefetched.pop(job_id)
+        row = self._read(Q["load"], (job_id,)).fetchone()
         return None if row is None else item_from_row(row)
 
     def session_ref(self, item: WorkItem) -> str:
@@ -60,20 +105,25 @@ class SqliteTx:
             deadline_unix=item.deadline_unix,
             created_at=item.created_at,
         )
-        seq = self.c.execute(Q["insert"], params).fetchone()[0]
-        return replace(item, seq=int(seq))
+        if self._pending is None:
+            seq = self.c.execute(Q["insert"], params).fetchone()[0]
+            return replace(item, seq=int(seq))
+        params["seq"] = seq = self._next_seq
+        self._next_seq += 1
+        self._pending.append((Q["insert_seq"], params))
+        return replace(item, seq=seq)
 
     def save(self, item: WorkItem) -> None:
-        self.c.execute(Q["save"], mutable_params(item))
+        self._write(Q["save"], mutable_params(item))
 
     def event(self, item: WorkItem, event: str, detail: str | None = None) -> None:
-        self.c.execute(
+        self._write(
             Q["event"],
             (item.id, self.now(), event, item.status.value, item.attempt, item.lease_epoch, detail),
         )
 
     def enqueue(self, item: WorkItem, envelope: Envelope, visible_at: float) -> None:
-        self.c.execute(
+        self._write(
             Q["enqueue"],
             (
                 item.id,
@@ -89,19 +139,20 @@ class SqliteTx:
         )
 
     def has_envelope(self, job_id: str) -> bool:
-        return self.c.execute(Q["has_envelope"], (job_id,)).fetchone() is not None
+        return self._read(Q["has_envelope"], (job_id,)).fetchone() is not None
 
     def add_dependencies(self, job_id: str, deps: Sequence[str]) -> None:
+        self.flush()
         self.c.executemany(Q["add_dependency"], [(d, job_id) for d in deps])
 
     def dependants(self, job_id: str) -> list[str]:
-        return [r[0] for r in self.c.execute(Q["dependants"], (job_id,))]
+        return [r[0] for r in self._read(Q["dependants"], (job_id,))]
 
     def active_count(self) -> int:
-        return int(self.c.execute(Q["active_count"]).fetchone()[0])
+        return int(self._read(Q["active_count"]).fetchone()[0])
 
     def session_blocker(self, item: WorkItem, now: float) -> float | None:
-        row = self.c.execute(
+        row = self._read(
             Q["session_blocker"],
             {"session_ref": self.session_ref(item), "id": item.id, "seq": item.seq},
         ).fetchone()
@@ -112,30 +163,30 @@ class SqliteTx:
         return 0.5
 
     def effect_get(self, tenant: str, key: str) -> Effect | None:
-        row = self.c.execute(Q["effect_get"], (tenant, key)).fetchone()
+        row = self._read(Q["effect_get"], (tenant, key)).fetchone()
         return None if row is None else effect_from_row(row)
 
     def effect_put(self, tenant: str, effect: Effect, now: float) -> None:
-        self.c.execute(Q["effect_put"], effect_params(tenant, effect, now))
+        self._write(Q["effect_put"], effect_params(tenant, effect, now))
 
     def effects_of(self, job_id: str) -> list[Effect]:
-        return [effect_from_row(r) for r in self.c.execute(Q["effects_of"], (job_id,))]
+        return [effect_from_row(r) for r in self._read(Q["effects_of"], (job_id,))]
 
     def expired_leases(self, now: float, limit: int) -> list[WorkItem]:
-        return [item_from_row(r) for r in self.c.execute(Q["expired_leases"], (now, limit))]
+        return [item_from_row(r) for r in self._read(Q["expired_leases"], (now, limit))]
 
     def expired_deadlines(self, now: float, limit: int) -> list[WorkItem]:
-        return [item_from_row(r) for r in self.c.execute(Q["expired_deadlines"], (now, limit))]
+        return [item_from_row(r) for r in self._read(Q["expired_deadlines"], (now, limit))]
 
     def stranded(self, now: float, redeliver_after_s: float, limit: int) -> list[WorkItem]:
-        rows = self.c.execute(Q["stranded"], {"now": now, "grace": redeliver_after_s, "limit": limit})
+        rows = self._read(Q["stranded"], {"now": now, "grace": redeliver_after_s, "limit": limit})
         return [item_from_row(r) for r in rows]
 
     def settled_waiters(self, limit: int) -> list[WorkItem]:
-        return [item_from_row(r) for r in self.c.execute(Q["settled_waiters"], (limit,))]
+        return [item_from_row(r) for r in self._read(Q["settled_waiters"], (limit,))]
 
     def drop_dead_rows(self) -> int:
-        return self.c.execute(Q["drop_dead_rows"]).rowcount
+        return self._read(Q["drop_dead_rows"]).rowcount
 
 
 class SqliteStore:
@@ -210,7 +261,11 @@ class SqliteStore:
     # -- lifecycle ----------------------------------------------------------
     def submit(self, jobs: Sequence[NewJob], *, max_depth: int) -> list[Accepted]:
         with self._tx(durable=True) as tx:
-            return engine.submit(tx, jobs, max_depth)
+            tx.prefetch([j.job_id for j in jobs])
+            tx.buffer()
+            accepted = engine.submit(tx, jobs, max_depth)
+            tx.flush()
+            return accepted
 
     def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
         with self._tx() as tx:

@@ -1,6 +1,9 @@
 -- name: load
 SELECT * FROM work_items WHERE id = ?
 
+-- name: load_many
+SELECT * FROM work_items WHERE id IN (SELECT value FROM json_each(?))
+
 -- name: insert
 INSERT INTO work_items (
     id, tenant, session_id, session_ref, kind, agent_name, payload, priority, status,
@@ -11,6 +14,25 @@ INSERT INTO work_items (
     :reason, :attempts, :max_attempts, :dependencies, :deadline_unix, :created_at, :ready_at,
     :updated_at, :lease_epoch
 ) RETURNING seq
+
+-- name: last_seq
+-- The last item sequence number handed out (AUTOINCREMENT's own record, or a
+-- larger rowid if that record was ever behind).
+SELECT max(
+    coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'work_items'), 0),
+    coalesce((SELECT max(seq) FROM work_items), 0)
+)
+
+-- name: insert_seq
+INSERT INTO work_items (
+    seq, id, tenant, session_id, session_ref, kind, agent_name, payload, priority, status,
+    reason, attempts, max_attempts, dependencies, deadline_unix, created_at, ready_at,
+    updated_at, lease_epoch
+) VALUES (
+    :seq, :id, :tenant, :session_id, :session_ref, :kind, :agent_name, :payload, :priority, :status,
+    :reason, :attempts, :max_attempts, :dependencies, :deadline_unix, :created_at, :ready_at,
+    :updated_at, :lease_epoch
+)
 
 -- name: save
 UPDATE work_items SET
