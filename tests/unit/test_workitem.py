@@ -431,3 +431,13 @@ def test_commit_same_retry_outcome_by_same_lease_is_a_noop() -> None:
     back = wi.commit(item, lease, Outcome(ok=False, error="flaky"), T0 + 5, 1.0)
     assert back.status is Status.READY
     assert wi.commit(back, lease, Outcome(ok=False, error="flaky"), T0 + 5.5, 1.0) is back
+
+
+def test_evolve_matches_dataclasses_replace_and_rejects_unknown_fields():
+    item = wi.new_item(job_id="j", tenant="t", session_id="s", kind="k", payload={"a": 1}, now=1.0, max_attempts=3)
+    changes = {"status": Status.RUNNING, "lease_epoch": 4, "seq": 9, "reason": "x"}
+    evolved = wi.evolve(item, **changes)
+    assert evolved == replace(item, **changes) and evolved is not item
+    assert item.status is Status.READY and item.seq == 0  # the original is untouched
+    with pytest.raises(TypeError, match="no field"):
+        wi.evolve(item, stauts=Status.RUNNING)

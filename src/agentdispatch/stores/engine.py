@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any, Protocol
 
 from .. import workitem as wi
@@ -359,7 +358,7 @@ def sweep(tx: Tx, redeliver_after_s: float, limit: int = 500) -> SweepReport:
         report.redelivered += 1
     for item in tx.stranded(now, redeliver_after_s, limit):
         # Touch the item so the next pass waits another grace period.
-        item = _save(tx, replace(item, updated_at=now), "redelivered")
+        item = _save(tx, wi.evolve(item, updated_at=now), "redelivered")
         _make_ready(tx, item, now)
         report.redelivered += 1
     report.dropped_rows = tx.drop_dead_rows()

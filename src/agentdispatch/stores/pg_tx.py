@@ -11,13 +11,12 @@ per write.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from ..envelope import Envelope
 from ..policy import opaque_ref
 from ..sqlfiles import Queries
-from ..workitem import WorkItem
+from ..workitem import WorkItem, evolve
 from .base import Effect
 from .pg_db import Conn
 from .rows import dumps, effect_from_row, effect_params, item_from_row, mutable_params
@@ -195,7 +194,7 @@ class PostgresTx:
     def insert(self, item: WorkItem) -> WorkItem:
         if not self._seqs:
             self.reserve_seqs(1)
-        item = replace(item, seq=self._seqs.pop())
+        item = evolve(item, seq=self._seqs.pop())
         params = mutable_params(item)
         params.update(
             seq=item.seq,

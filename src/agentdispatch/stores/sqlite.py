@@ -8,7 +8,6 @@ import secrets
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
@@ -19,7 +18,7 @@ from ..errors import TaskQueueUnavailable
 from ..policy import opaque_ref
 from ..sqlfiles import Queries, migrations
 from ..sqlite_db import SqliteDb, clock
-from ..workitem import Lease, Outcome, Status, WorkItem
+from ..workitem import Lease, Outcome, Status, WorkItem, evolve
 from . import engine
 from .base import Accepted, Claim, Effect, NewJob, SweepReport, WorkerRow
 from .rows import dumps, effect_from_row, effect_params, item_from_row, mutable_params, worker_from_row
@@ -107,11 +106,11 @@ class SqliteTx:
         )
         if self._pending is None:
             seq = self.c.execute(Q["insert"], params).fetchone()[0]
-            return replace(item, seq=int(seq))
+            return evolve(item, seq=int(seq))
         params["seq"] = seq = self._next_seq
         self._next_seq += 1
         self._pending.append((Q["insert_seq"], params))
-        return replace(item, seq=seq)
+        return evolve(item, seq=seq)
 
     def save(self, item: WorkItem) -> None:
         self._write(Q["save"], mutable_params(item))
