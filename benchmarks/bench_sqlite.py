@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=10_000)
     parser.add_argument("--threads", type=int, default=4, help="worker threads (per process with --procs)")
     parser.add_argument("--procs", type=int, default=0, help="worker processes (0 = threads in this process)")
-    parser.add_argument("--batch", type=int, default=500, help="submit_many batch size")
+    parser.add_argument("--batch", type=int, default=1000, help="submit_many batch size (as bench_postgres)")
     parser.add_argument("--sessions", type=int, default=0, help="spread turns over this many sessions (0 = one each)")
     parser.add_argument("--dir", type=Path, default=None, help="where to put the files (default: a temp dir)")
     parser.add_argument("--profile", action="store_true", help="also cProfile one claim loop")
