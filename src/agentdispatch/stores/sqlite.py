@@ -105,11 +105,13 @@ class SqliteTx:
             created_at=item.created_at,
         )
         if self._pending is None:
-            seq = self.c.execute(Q["insert"], params).fetchone()[0]
-            return evolve(item, seq=int(seq))
+            params["seq"] = None
+            seq = self.c.execute(Q["insert"], params).lastrowid
+            assert seq is not None
+            return evolve(item, seq=seq)
         params["seq"] = seq = self._next_seq
         self._next_seq += 1
-        self._pending.append((Q["insert_seq"], params))
+        self._pending.append((Q["insert"], params))
         return evolve(item, seq=seq)
 
     def save(self, item: WorkItem) -> None:

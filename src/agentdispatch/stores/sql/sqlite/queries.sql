@@ -5,25 +5,8 @@ SELECT * FROM work_items WHERE id = ?
 SELECT * FROM work_items WHERE id IN (SELECT value FROM json_each(?))
 
 -- name: insert
-INSERT INTO work_items (
-    id, tenant, session_id, session_ref, kind, agent_name, payload, priority, status,
-    reason, attempts, max_attempts, dependencies, deadline_unix, created_at, ready_at,
-    updated_at, lease_epoch
-) VALUES (
-    :id, :tenant, :session_id, :session_ref, :kind, :agent_name, :payload, :priority, :status,
-    :reason, :attempts, :max_attempts, :dependencies, :deadline_unix, :created_at, :ready_at,
-    :updated_at, :lease_epoch
-) RETURNING seq
-
--- name: last_seq
--- The last item sequence number handed out (AUTOINCREMENT's own record, or a
--- larger rowid if that record was ever behind).
-SELECT max(
-    coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'work_items'), 0),
-    coalesce((SELECT max(seq) FROM work_items), 0)
-)
-
--- name: insert_seq
+-- A NULL :seq takes the next AUTOINCREMENT number (the cursor's lastrowid); a
+-- bulk submit assigns its own, read from last_seq under the write lock.
 INSERT INTO work_items (
     seq, id, tenant, session_id, session_ref, kind, agent_name, payload, priority, status,
     reason, attempts, max_attempts, dependencies, deadline_unix, created_at, ready_at,
@@ -32,6 +15,14 @@ INSERT INTO work_items (
     :seq, :id, :tenant, :session_id, :session_ref, :kind, :agent_name, :payload, :priority, :status,
     :reason, :attempts, :max_attempts, :dependencies, :deadline_unix, :created_at, :ready_at,
     :updated_at, :lease_epoch
+)
+
+-- name: last_seq
+-- The last item sequence number handed out (AUTOINCREMENT's own record, or a
+-- larger rowid if that record was ever behind).
+SELECT max(
+    coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'work_items'), 0),
+    coalesce((SELECT max(seq) FROM work_items), 0)
 )
 
 -- name: save
