@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -189,6 +190,7 @@ def test_topology_shows_live_workers_and_only_the_callers_sessions(gw: Gateway, 
     theirs = d.submit(Submission(kind="sleep", payload={"seconds": 3}, tenant="other", session_id="other-s"))
     reg = Registry()
     reg.add("sleep", _hold)
+    _RELEASE.clear()
     worker = harness.worker(reg, threads=2)
     worker.start()
     try:
@@ -199,6 +201,7 @@ def test_topology_shows_live_workers_and_only_the_callers_sessions(gw: Gateway, 
         with gw.client("other") as c:
             other = c.get("/api/fleet/topology").json()
     finally:
+        _RELEASE.set()
         worker.stop(grace_s=10)
     row = next(w for w in doc["dispatch_workers"] if w["worker_id"] == worker.worker_id)
     assert row["active_sessions"] == ["acme-s"] and row["capacity"] == 2 and row["queue_backend"] == "sqlite"
@@ -213,10 +216,13 @@ def test_topology_shows_live_workers_and_only_the_callers_sessions(gw: Gateway, 
 # -- helpers --------------------------------------------------------------
 
 
-def _hold(turn: object, guard: object) -> str:
-    import time
+_RELEASE = threading.Event()
 
-    time.sleep(1.5)
+
+def _hold(turn: object, guard: object) -> str:
+    """Keep the turn running until the test has read both tenants' views (a slow machine
+    may take longer than any fixed sleep between the two requests)."""
+    _RELEASE.wait(timeout=60)
     return "held"
 
 
