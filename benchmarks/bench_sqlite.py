@@ -263,11 +263,10 @@ def profile_one_loop(data_dir: Path, turns: int, top: int) -> str:
     def run(n: int) -> int:
         done = 0
         while done < n:
-            delivery = transport.get("profiler:0", visibility_s=settings.claim_ttl_s, wait_s=0.0)
-            if delivery is None:
+            label = worker.poll("profiler:0", 0, loop)
+            if label is None:
                 break
-            if worker.process(delivery, owner="profiler:0", index=0, loop=loop) == "completed":
-                done += 1
+            done += label == "completed"
         return done
 
     sqlite3.connect = traced_connect  # type: ignore[assignment]

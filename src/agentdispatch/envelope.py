@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import time
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -14,8 +15,13 @@ MAX_PAYLOAD_BYTES = 1024 * 1024
 
 
 def new_job_id() -> str:
-    """A fresh job id: ``dispatch-`` + 32 lowercase hex characters."""
-    return "dispatch-" + secrets.token_hex(16)
+    """A fresh job id: ``dispatch-`` + 32 lowercase hex characters.
+
+    The first 12 are the milliseconds since the epoch and the other 20 are random
+    (80 bits), as in a UUIDv7: ids made close in time sort close together, so
+    every index keyed by job id is written near its right-hand edge instead of
+    on a random leaf page per turn (fewer pages per commit)."""
+    return f"dispatch-{time.time_ns() // 1_000_000 & 0xFFFFFFFFFFFF:012x}{secrets.token_hex(10)}"
 
 
 class Envelope(BaseModel):

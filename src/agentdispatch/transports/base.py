@@ -36,6 +36,9 @@ class Transport(Protocol):
     #: How long a ready item may sit without a queue row before the reconciler
     #: re-enqueues it (short on a shared database; about a TTL on Kafka).
     redeliver_after_s: float
+    #: Whether the queue lives in the store's database, so that one transaction
+    #: can commit a turn, acknowledge it and claim the next.
+    shared_database: bool
 
     def ping(self) -> None:
         """Raise :class:`TaskQueueUnavailable` unless the transport answers."""

@@ -50,6 +50,7 @@ class KafkaTransport:
     """Envelopes on Kafka; the store stays the WorkItem authority."""
 
     name = "kafka"
+    shared_database = False
 
     def __init__(
         self,

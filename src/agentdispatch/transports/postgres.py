@@ -125,6 +125,7 @@ class PostgresTransport:
 
     name = "postgres"
     redeliver_after_s = 1.0
+    shared_database = True
 
     def __init__(
         self, store: Store, *, poll_s: float = 0.25, fallback_poll_s: float = 0.05, listen: bool = True

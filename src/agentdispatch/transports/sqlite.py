@@ -25,6 +25,7 @@ class SqliteTransport:
 
     name = "sqlite"
     redeliver_after_s = 1.0
+    shared_database = True
 
     def __init__(self, db: SqliteDb, *, poll_s: float = 0.05) -> None:
         self.db = db
