@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentdispatch.handlers import Registry
+from agentdispatch.handlers import Registry, Turn
 from agentdispatch.workitem import Status
 from backends import Harness, sqlite_harness
 from e2e.gatewayproc import Gateway, start_gateway
@@ -191,6 +191,7 @@ def test_topology_shows_live_workers_and_only_the_callers_sessions(gw: Gateway, 
     reg = Registry()
     reg.add("sleep", _hold)
     _RELEASE.clear()
+    _HELD.update((mine.job_id, theirs.job_id))
     worker = harness.worker(reg, threads=2)
     worker.start()
     try:
@@ -217,12 +218,15 @@ def test_topology_shows_live_workers_and_only_the_callers_sessions(gw: Gateway, 
 
 
 _RELEASE = threading.Event()
+_HELD: set[str] = set()
 
 
-def _hold(turn: object, guard: object) -> str:
-    """Keep the turn running until the test has read both tenants' views (a slow machine
-    may take longer than any fixed sleep between the two requests)."""
-    _RELEASE.wait(timeout=60)
+def _hold(turn: Turn, guard: object) -> str:
+    """Keep this test's turns running until it has read both tenants' views (a slow
+    machine may take longer than any fixed sleep between the two requests); turns
+    left queued by earlier tests in this module finish at once."""
+    if turn.job_id in _HELD:
+        _RELEASE.wait(timeout=60)
     return "held"
 
 

@@ -42,6 +42,10 @@ class SqliteTx:
         self._prefetched: dict[str, WorkItem | None] = {}
         self._pending: list[tuple[str, Any]] | None = None
         self._next_seq = 0
+        #: Items read by :meth:`read_item` that nothing depends on.
+        self._leaves: set[str] = set()
+        #: (item id, blocker status, blocker lease expiry) read by a claim's :meth:`read_item`.
+        self._blocker: tuple[str, str | None, float | None] | None = None
 
     # -- buffering ------------------------------------------------------------
     def buffer(self) -> None:
@@ -75,6 +79,19 @@ class SqliteTx:
         ids = sorted(set(job_ids))
         found = {r["id"]: item_from_row(r) for r in self._read(Q["load_many"], (json.dumps(ids),))}
         self._prefetched = {i: found.get(i) for i in ids}
+
+    def read_item(self, job_id: str, *, session: bool = False) -> None:
+        """The item, whether anything depends on it and (with ``session``) what
+        blocks its session, in one statement: the read half of a claim or commit."""
+        row = self._read(Q["item_read"], {"id": job_id, "session": session}).fetchone()
+        if row is None:
+            self._prefetched[job_id] = None
+            return
+        self._prefetched[job_id] = item_from_row(row)
+        if row["leaf"]:
+            self._leaves.add(job_id)
+        if session:
+            self._blocker = (job_id, row["blocker_status"], row["blocker_expires_at"])
 
     def now(self) -> float:
         if self._now is None:
@@ -143,24 +160,33 @@ class SqliteTx:
         return self._read(Q["has_envelope"], (job_id,)).fetchone() is not None
 
     def add_dependencies(self, job_id: str, deps: Sequence[str]) -> None:
+        self._leaves.difference_update(deps)
         self.flush()
         self.c.executemany(Q["add_dependency"], [(d, job_id) for d in deps])
 
     def dependants(self, job_id: str) -> list[str]:
+        if job_id in self._leaves:
+            return []  # read_item found none, under this transaction's write lock
         return [r[0] for r in self._read(Q["dependants"], (job_id,))]
 
     def active_count(self) -> int:
         return int(self._read(Q["active_count"]).fetchone()[0])
 
     def session_blocker(self, item: WorkItem, now: float) -> float | None:
-        row = self._read(
-            Q["session_blocker"],
-            {"session_ref": self.session_ref(item), "id": item.id, "seq": item.seq},
-        ).fetchone()
-        if row is None:
+        if self._blocker is not None and self._blocker[0] == item.id:
+            _id, status, expires = self._blocker  # read by read_item, under the write lock
+        else:
+            row = self._read(
+                Q["session_blocker"],
+                {"session_ref": self.session_ref(item), "id": item.id, "seq": item.seq},
+            ).fetchone()
+            if row is None:
+                return None
+            status, expires = row["status"], row["lease_expires_at"]
+        if status is None:
             return None
-        if row["status"] in ("leased", "running") and row["lease_expires_at"] is not None:
-            return max(0.05, min(5.0, float(row["lease_expires_at"]) - now))
+        if status in ("leased", "running") and expires is not None:
+            return max(0.05, min(5.0, float(expires) - now))
         return 0.5
 
     def effect_get(self, tenant: str, key: str) -> Effect | None:
@@ -270,6 +296,7 @@ class SqliteStore:
 
     def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
         with self._tx() as tx:
+            tx.read_item(job_id, session=True)
             return engine.claim(tx, job_id, tenant, owner, ttl_s)
 
     def renew(self, lease: Lease, ttl_s: float) -> Lease:
@@ -278,6 +305,7 @@ class SqliteStore:
 
     def commit(self, lease: Lease, outcome: Outcome) -> WorkItem:
         with self._tx(durable=True) as tx:
+            tx.read_item(lease.job_id)
             return engine.commit(tx, lease, outcome)
 
     def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> WorkItem:

@@ -49,9 +49,7 @@ class SqliteTransport:
         with self.db.tx() as c:
             now = clock()
             params = {"owner": owner, "now": now, "vis": visibility_s}
-            row = c.execute(Q["get_expired"], params).fetchone()
-            if row is None:
-                row = c.execute(Q["get"], params).fetchone()
+            row = c.execute(Q["get"], params).fetchone()
         if row is None:
             return None
         return Delivery(

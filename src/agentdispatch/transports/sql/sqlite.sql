@@ -1,29 +1,28 @@
--- name: get_expired
--- Expired deadlines first, so the worker cancels them promptly.
-UPDATE agent_dispatch_queue
-SET claimed_by = :owner, claimed_at = :now, visible_at = :now + :vis, deliveries = deliveries + 1
-WHERE id = (
-    SELECT q.id FROM agent_dispatch_queue q INDEXED BY queue_deadline
-    WHERE q.deadline_unix IS NOT NULL AND q.deadline_unix <= :now AND q.visible_at <= :now
-    ORDER BY q.deadline_unix LIMIT 1
-)
-RETURNING id, envelope, deliveries
-
 -- name: get
--- Priority, then submission order; only the head of each session is eligible,
--- so turns of one session are handed out one at a time, in order.
+-- Expired deadlines first, so the worker cancels them promptly; then priority
+-- and submission order, where only the head of each session is eligible, so
+-- turns of one session are handed out one at a time, in order. coalesce()
+-- evaluates its second subquery only when the first finds nothing: one
+-- statement either way.
 UPDATE agent_dispatch_queue
 SET claimed_by = :owner, claimed_at = :now, visible_at = :now + :vis, deliveries = deliveries + 1
-WHERE id = (
-    SELECT q.id FROM agent_dispatch_queue q INDEXED BY queue_order
-    WHERE q.visible_at <= :now
-      AND NOT EXISTS (
-          SELECT 1 FROM agent_dispatch_queue p INDEXED BY queue_session
-          WHERE p.session_ref = q.session_ref
-            AND (p.item_seq < q.item_seq OR (p.item_seq = q.item_seq AND p.id < q.id))
-      )
-    ORDER BY q.priority DESC, q.item_seq, q.id
-    LIMIT 1
+WHERE id = coalesce(
+    (
+        SELECT q.id FROM agent_dispatch_queue q INDEXED BY queue_deadline
+        WHERE q.deadline_unix IS NOT NULL AND q.deadline_unix <= :now AND q.visible_at <= :now
+        ORDER BY q.deadline_unix LIMIT 1
+    ),
+    (
+        SELECT q.id FROM agent_dispatch_queue q INDEXED BY queue_order
+        WHERE q.visible_at <= :now
+          AND NOT EXISTS (
+              SELECT 1 FROM agent_dispatch_queue p INDEXED BY queue_session
+              WHERE p.session_ref = q.session_ref
+                AND (p.item_seq < q.item_seq OR (p.item_seq = q.item_seq AND p.id < q.id))
+          )
+        ORDER BY q.priority DESC, q.item_seq, q.id
+        LIMIT 1
+    )
 )
 RETURNING id, envelope, deliveries
 

@@ -1,6 +1,23 @@
 -- name: load
 SELECT * FROM work_items WHERE id = ?
 
+-- name: item_read
+-- The read half of a claim, renewal or commit in one statement: the item,
+-- whether anything depends on it, and (with :session) the first item that
+-- blocks its session, as session_blocker would find it.
+SELECT w.*,
+       NOT EXISTS (SELECT 1 FROM work_dependencies d WHERE d.depends_on = w.id) AS leaf,
+       b.status AS blocker_status, b.lease_expires_at AS blocker_expires_at
+FROM work_items w
+LEFT JOIN work_items b INDEXED BY work_items_session_active
+       ON :session
+      AND b.session_ref = w.session_ref
+      AND b.status IN ('submitted', 'ready', 'leased', 'running')
+      AND b.id != w.id
+      AND (b.seq < w.seq OR b.status IN ('leased', 'running'))
+WHERE w.id = :id
+LIMIT 1
+
 -- name: load_many
 SELECT * FROM work_items WHERE id IN (SELECT value FROM json_each(?))
 
