@@ -11,7 +11,9 @@
    10,000 tenants and 100,000 sessions, with the EXPLAIN plan (ratio of p50s).
 4. dispatch latency: ``--rate`` turns/s offered to idle workers: submit call -> handler
    start, and submit returned (its commit visible) -> handler start; once with the
-   workers in the submitting process, once in a worker process of their own.
+   workers in the submitting process, once in a worker process of their own; against
+   a bare durable INSERT + NOTIFY woken by LISTEN and claimed with the bare delete
+   (on a virtual machine, waking an idle process dominates both).
 
     python benchmarks/bench_postgres.py                      # everything, 1M backlog
     python benchmarks/bench_postgres.py --big 100000         # a smaller big backlog
@@ -36,6 +38,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -119,6 +122,24 @@ def cpu_s() -> float:
     """User + system CPU seconds of this process so far."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+def server_cpu_s() -> float | None:
+    """CPU seconds used so far by the PostgreSQL processes on this machine, exited
+    backends included (Linux, a server on this host; None otherwise): where the
+    rest of a turn goes."""
+    total, ticks = 0.0, os.sysconf("SC_CLK_TCK")
+    try:
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError):
+                text = stat.read_text()
+                name, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+                if name.startswith("postgres"):
+                    # Own time, plus that of reaped children (backends that exited).
+                    total += sum(int(x) for x in rest[11:15]) / ticks
+    except OSError:
+        return None
+    return total or None
 
 
 def drain_worker(
@@ -238,10 +259,26 @@ def bare_rate(turns: int, n: int, processes: bool) -> float:
         return turns / (time.perf_counter() - t0)
 
 
+def _delta(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else after - before
+
+
 def breakdown(
-    turns: int, busy_s: float, totals: dict[str, float], calls: dict[str, int], stmts: int, cpu: float
+    turns: int,
+    busy_s: float,
+    totals: dict[str, float],
+    calls: dict[str, int],
+    stmts: int,
+    cpu: float,
+    server: float | None = None,
+    bare_server: float | None = None,
 ) -> None:
     print(f"    statements per turn {stmts / turns:.1f}; worker CPU per turn {cpu / turns * 1e6:,.0f} us")
+    if server is not None and bare_server is not None:
+        print(
+            f"    PostgreSQL server CPU per turn {server / turns * 1e6:,.0f} us "
+            f"(bare loop: {bare_server / turns * 1e6:,.0f} us per row)"
+        )
     for key in sorted(totals, key=lambda k: -totals[k]):
         print(
             f"    {key:<20} {totals[key] / turns * 1e6:7.0f} us/turn  {calls[key]:>7} calls "
@@ -256,24 +293,32 @@ def bench_submit_and_drain(turns: int, batch: int, threads: int, procs: int) -> 
             f"submit: {turns} turns via submit_many (batches of {batch}) in {submit_s:.2f} s "
             f"({turns / submit_s:,.0f}/s; target < 2 s for 10,000)"
         )
+        server0 = server_cpu_s()
         took, totals, calls, stmts, cpu = drain_worker(uri, threads, turns)
+        server = _delta(server0, server_cpu_s())
     ours_t = turns / took
+    bare0 = server_cpu_s()
     bare_t = bare_rate(turns, threads, processes=False)
+    bare_server = _delta(bare0, server_cpu_s())
     print(
         f"end to end, {threads} threads in one process: {ours_t:,.0f} turns/s; bare SKIP LOCKED delete loop "
         f"{bare_t:,.0f} rows/s; ratio = {ours_t / bare_t:.2f} (target >= 0.4)"
     )
-    breakdown(turns, took * threads, totals, calls, stmts, cpu)
+    breakdown(turns, took * threads, totals, calls, stmts, cpu, server, bare_server)
     with schema() as (_name, uri):
         fresh_backlog(uri, turns, batch)
+        server0 = server_cpu_s()
         took, totals, calls, stmts, cpu = drain_fleet(uri, procs, turns)
+        server = _delta(server0, server_cpu_s())
     ours_p = turns / took
+    bare0 = server_cpu_s()
     bare_p = bare_rate(turns, procs, processes=True)
+    bare_server = _delta(bare0, server_cpu_s())
     print(
         f"end to end, {procs} worker processes x 1 thread: {ours_p:,.0f} turns/s; "
         f"bare loop in {procs} processes {bare_p:,.0f} rows/s; ratio = {ours_p / bare_p:.2f} (target >= 0.4)"
     )
-    breakdown(turns, took * procs, totals, calls, stmts, cpu)
+    breakdown(turns, took * procs, totals, calls, stmts, cpu, server, bare_server)
 
 
 def fill(uri: str, n: int) -> None:
@@ -375,7 +420,51 @@ def _latency_worker(uri: str, threads: int, ready: Any, stop: Any, out: Any) -> 
     store.close()
 
 
-def bench_dispatch_latency(rate: float, count: int, threads: int, *, separate: bool) -> None:
+def _bare_consumer(uri: str, ready: threading.Event, stop: threading.Event, started: dict[int, float]) -> None:
+    """Wake on NOTIFY, claim with the bare SKIP LOCKED delete, note the time."""
+    with psycopg.connect(uri, autocommit=True) as listen, psycopg.connect(uri, autocommit=True) as c:
+        listen.execute("LISTEN bare_d")
+        ready.set()
+        while not stop.is_set():
+            for _ in listen.notifies(timeout=0.2, stop_after=1):
+                while row := c.execute(
+                    "DELETE FROM bare_d WHERE id = (SELECT id FROM bare_d ORDER BY id "
+                    "FOR UPDATE SKIP LOCKED LIMIT 1) RETURNING id"
+                ).fetchone():
+                    started[int(row[0])] = time.perf_counter()
+
+
+def bare_dispatch_latency(rate: float, count: int) -> list[float]:
+    """The floor of dispatch latency on this machine: a durable one-row INSERT
+    with NOTIFY, a consumer woken by LISTEN that claims it with the bare SKIP
+    LOCKED delete; insert call -> claimed, at the same offered rate."""
+    with schema() as (_name, uri):
+        with psycopg.connect(uri, autocommit=True) as c:
+            c.execute("CREATE TABLE bare_d (id bigint PRIMARY KEY, body text NOT NULL)")
+        started: dict[int, float] = {}
+        ready, stop = threading.Event(), threading.Event()
+        consumer = threading.Thread(target=_bare_consumer, args=(uri, ready, stop, started), daemon=True)
+        consumer.start()
+        ready.wait(timeout=30)
+        submitted: dict[int, float] = {}
+        with psycopg.connect(uri, autocommit=True) as c:
+            t_next = time.perf_counter()
+            for i in range(count):
+                t_next += 1.0 / rate
+                time.sleep(max(0.0, t_next - time.perf_counter()))
+                submitted[i] = time.perf_counter()
+                c.execute(f"BEGIN; INSERT INTO bare_d VALUES ({i:d}, '{{}}'); NOTIFY bare_d; COMMIT".encode())
+        deadline = time.monotonic() + 10
+        while len(started) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stop.set()
+        consumer.join(timeout=5)
+    return [started[i] - t0 for i, t0 in submitted.items() if i in started]
+
+
+def bench_dispatch_latency(
+    rate: float, count: int, threads: int, *, separate: bool, bare: list[float] | None = None
+) -> None:
     """Submit -> handler start at light load: the workers in this process (they
     share its GIL with the submitter), or in a process of their own (as a
     gateway and a worker fleet run)."""
@@ -429,6 +518,11 @@ def bench_dispatch_latency(rate: float, count: int, threads: int, *, separate: b
         f"    submit call -> handler start:            p50 {pct(whole, 50) * 1e3:.2f} ms, "
         f"p99 {pct(whole, 99) * 1e3:.2f} ms (target p50 <= 2 ms)"
     )
+    if bare:
+        print(
+            f"    bare INSERT+NOTIFY -> LISTEN wake + SKIP LOCKED delete: p50 {pct(bare, 50) * 1e3:.2f} ms, "
+            f"p99 {pct(bare, 99) * 1e3:.2f} ms; ratio of p50s ours / bare = {pct(whole, 50) / pct(bare, 50):.2f}"
+        )
     print(
         f"    submit returned (commit visible) -> start: p50 {pct(after, 50) * 1e3:.2f} ms, "
         f"p99 {pct(after, 99) * 1e3:.2f} ms"
@@ -454,8 +548,9 @@ def main(argv: list[str] | None = None) -> None:
     bench_submit_and_drain(args.turns, args.batch, args.threads, args.procs)
     if not args.skip_big:
         bench_claim_latency(args.big, args.samples)
-    bench_dispatch_latency(args.rate, args.dispatch_count, args.threads, separate=False)
-    bench_dispatch_latency(args.rate, args.dispatch_count, args.threads, separate=True)
+    bare = bare_dispatch_latency(args.rate, args.dispatch_count)
+    bench_dispatch_latency(args.rate, args.dispatch_count, args.threads, separate=False, bare=bare)
+    bench_dispatch_latency(args.rate, args.dispatch_count, args.threads, separate=True, bare=bare)
 
 
 if __name__ == "__main__":
