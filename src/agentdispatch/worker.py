@@ -204,9 +204,12 @@ class Worker:
         return step if isinstance(step, str) else self._execute(delivery, step, owner=owner, index=index, loop=loop)
 
     def process(self, delivery: Delivery, *, owner: str, index: int, loop: asyncio.AbstractEventLoop) -> str:
-        """Handle one delivery end to end; returns the outcome label."""
+        """Handle one delivery end to end; returns the outcome label. Its commit
+        claims nothing else (no turn is left for a claim loop to run)."""
         step = self._admit(delivery, owner)
-        return step if isinstance(step, str) else self._execute(delivery, step, owner=owner, index=index, loop=loop)
+        if isinstance(step, str):
+            return step
+        return self._execute(delivery, step, owner=owner, index=index, loop=loop, chain=False)
 
     def _admit(self, delivery: Delivery, owner: str) -> str | tuple[Envelope, Claim]:
         """Validate and claim; every outcome but a claim is settled here."""
@@ -240,6 +243,7 @@ class Worker:
         owner: str,
         index: int,
         loop: asyncio.AbstractEventLoop,
+        chain: bool = True,
     ) -> str:
         env, claim = step
         assert claim.item is not None and claim.lease is not None
@@ -250,13 +254,21 @@ class Worker:
             self._state.active[index] = item.session_id
         self._beat()
         try:
-            return self._run(delivery, item, claim.lease, loop, owner=owner, index=index)
+            return self._run(delivery, item, claim.lease, loop, owner=owner, index=index, chain=chain)
         finally:
             with self._lock:
                 self._state.active.pop(index, None)
 
     def _run(
-        self, delivery: Delivery, item: WorkItem, lease: Any, loop: asyncio.AbstractEventLoop, *, owner: str, index: int
+        self,
+        delivery: Delivery,
+        item: WorkItem,
+        lease: Any,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        owner: str,
+        index: int,
+        chain: bool,
     ) -> str:
         guard = LeaseGuard(
             self.store,
@@ -272,7 +284,7 @@ class Worker:
         if outcome is None or guard.lost:
             return self._fenced(delivery)
         try:
-            done = self._commit(delivery, guard.lease, outcome, owner=owner, index=index)
+            done = self._commit(delivery, guard.lease, outcome, owner=owner, index=index, chain=chain)
         except LeaseLost:
             return self._fenced(delivery)
         label = {
@@ -283,7 +295,9 @@ class Worker:
         self._count(label)
         return label
 
-    def _commit(self, delivery: Delivery, lease: Any, outcome: Outcome, *, owner: str, index: int) -> WorkItem:
+    def _commit(
+        self, delivery: Delivery, lease: Any, outcome: Outcome, *, owner: str, index: int, chain: bool
+    ) -> WorkItem:
         """The fenced commit and the acknowledgement: one transaction on a
         shared database, else commit first, then ack.
 
@@ -291,7 +305,12 @@ class Worker:
         turn (one write and one fsync per turn instead of two). Should that
         claim fail, the whole transaction rolls back and the commit and ack are
         made again on their own: a claim never costs a commit."""
-        chain = self.transport.shared_database and not self.stopping.is_set() and not self.backpressure.claim_delay()
+        chain = (
+            chain
+            and self.transport.shared_database
+            and not self.stopping.is_set()
+            and not self.backpressure.claim_delay()
+        )
         if chain:
             try:
                 with self.transport.atomic(durable=True):

@@ -95,3 +95,17 @@ def test_a_chained_turn_runs_when_the_worker_stops(harness, loop) -> None:  # ty
     expected = Status.SUCCEEDED if harness.transport.shared_database else Status.READY
     assert sorted(_status(harness, j).value for j in (a, b)) == sorted(["succeeded", expected.value])
     assert not worker._chained
+
+
+def test_process_handles_one_delivery_and_claims_nothing_else(harness, loop) -> None:  # type: ignore[no-untyped-def]
+    a, b = _two_turns(harness)
+    worker = harness.worker(builtins(), threads=1)
+    delivery = None
+    deadline = time.monotonic() + 30
+    while delivery is None and time.monotonic() < deadline:
+        delivery = harness.transport.get("t:0", visibility_s=30.0, wait_s=0.2)
+    assert delivery is not None
+    assert worker.process(delivery, owner="t:0", index=0, loop=loop) == "completed"
+    # One succeeded; the other is still queued for any claimant, not held by this worker.
+    assert sorted(_status(harness, j).value for j in (a, b)) == ["ready", "succeeded"]
+    assert not worker._chained
