@@ -19,7 +19,7 @@ from ..sqlfiles import Queries
 from ..workitem import WorkItem, evolve
 from .base import Effect
 from .pg_db import Conn
-from .rows import dumps, effect_from_row, effect_params, item_from_row, mutable_params
+from .rows import blocker_wait, dumps, effect_from_row, effect_params, item_from_row, mutable_params
 
 Q = Queries("agentdispatch.stores.sql.postgres", "queries.sql")
 
@@ -280,7 +280,7 @@ class PostgresTx:
         if self._blocker is not None and self._blocker[0] == item.id:
             # Read under the session lock by read_item(session=True); the lock is
             # held to COMMIT, so no other claim of the session has run since.
-            _id, status, expires = self._blocker
+            _, status, expires = self._blocker
         else:
             ref = self.session_ref(item)
             # The lock comes first, in its own statement, so that the blocker query's
@@ -290,11 +290,7 @@ class PostgresTx:
             if row is None:
                 return None
             status, expires = row["status"], row["lease_expires_at"]
-        if status is None:
-            return None
-        if status in ("leased", "running") and expires is not None:
-            return max(0.05, min(5.0, float(expires) - now))
-        return 0.5
+        return blocker_wait(status, expires, now)
 
     def effect_get(self, tenant: str, key: str) -> Effect | None:
         row = self._one(Q["effect_get"], {"tenant": tenant, "key": key})

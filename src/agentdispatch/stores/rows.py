@@ -68,6 +68,18 @@ def mutable_params(item: WorkItem) -> dict[str, Any]:
     }
 
 
+def blocker_wait(status: str | None, lease_expires_at: float | None, now: float) -> float | None:
+    """Seconds to wait before a session's next turn may be claimed, from the
+    item that blocks it (None: nothing blocks). A running blocker is waited
+    for until its lease ends (bounded to 0.05-5 s); a queued earlier turn,
+    briefly."""
+    if status is None:
+        return None
+    if status in ("leased", "running") and lease_expires_at is not None:
+        return max(0.05, min(5.0, float(lease_expires_at) - now))
+    return 0.5
+
+
 def effect_from_row(row: Mapping[str, Any]) -> Effect:
     """A ``side_effects`` row as an :class:`Effect`."""
     result = row["result"]

@@ -21,7 +21,7 @@ from ..sqlite_db import SqliteDb, clock
 from ..workitem import Lease, Outcome, Status, WorkItem, evolve
 from . import engine
 from .base import Accepted, Claim, Effect, NewJob, SweepReport, WorkerRow
-from .rows import dumps, effect_from_row, effect_params, item_from_row, mutable_params, worker_from_row
+from .rows import blocker_wait, dumps, effect_from_row, effect_params, item_from_row, mutable_params, worker_from_row
 
 _SQL_PKG = "agentdispatch.stores.sql.sqlite"
 Q = Queries(_SQL_PKG, "queries.sql")
@@ -174,7 +174,7 @@ class SqliteTx:
 
     def session_blocker(self, item: WorkItem, now: float) -> float | None:
         if self._blocker is not None and self._blocker[0] == item.id:
-            _id, status, expires = self._blocker  # read by read_item, under the write lock
+            _, status, expires = self._blocker  # read by read_item, under the write lock
         else:
             row = self._read(
                 Q["session_blocker"],
@@ -183,11 +183,7 @@ class SqliteTx:
             if row is None:
                 return None
             status, expires = row["status"], row["lease_expires_at"]
-        if status is None:
-            return None
-        if status in ("leased", "running") and expires is not None:
-            return max(0.05, min(5.0, float(expires) - now))
-        return 0.5
+        return blocker_wait(status, expires, now)
 
     def effect_get(self, tenant: str, key: str) -> Effect | None:
         row = self._read(Q["effect_get"], (tenant, key)).fetchone()
