@@ -191,17 +191,27 @@ class Worker:
         chained = self._chained.pop(index, None)
         if chained is not None:
             return self._execute(*chained, owner=owner, index=index, loop=loop)
-        ttl = self.settings.claim_ttl_s
-        with self.transport.atomic(durable=False):
-            delivery = self.transport.get(owner, visibility_s=ttl, wait_s=0.0)
-            step = None if delivery is None else self._admit(delivery, owner)
-        if delivery is None:
-            delivery = self.transport.get(owner, visibility_s=ttl, wait_s=self.options.get_wait_s)
-            if delivery is None:
+        got = self._get_and_claim(owner)
+        if got is None:
+            if self.transport.shared_database:
+                # Wait outside any transaction, then get and claim in one again.
+                self.transport.wait(self.options.get_wait_s)
+                got = self._get_and_claim(owner)
+            else:
+                ttl = self.settings.claim_ttl_s
+                delivery = self.transport.get(owner, visibility_s=ttl, wait_s=self.options.get_wait_s)
+                got = None if delivery is None else (delivery, self._admit(delivery, owner))
+            if got is None:
                 return None
-            step = self._admit(delivery, owner)
-        assert step is not None
+        delivery, step = got
         return step if isinstance(step, str) else self._execute(delivery, step, owner=owner, index=index, loop=loop)
+
+    def _get_and_claim(self, owner: str) -> tuple[Delivery, str | tuple[Envelope, Claim]] | None:
+        """Get a delivery and settle or claim it, in one transaction on a
+        shared database (the get also reads the item for the claim)."""
+        with self.transport.atomic(durable=False):
+            delivery = self.transport.get(owner, visibility_s=self.settings.claim_ttl_s, wait_s=0.0)
+            return None if delivery is None else (delivery, self._admit(delivery, owner))
 
     def process(self, delivery: Delivery, *, owner: str, index: int, loop: asyncio.AbstractEventLoop) -> str:
         """Handle one delivery end to end; returns the outcome label. Its commit

@@ -248,10 +248,28 @@ class PgDb:
         with self.transaction(durable) as conn:
             self._local.conn = conn
             self._local.durable = durable
+            self._local.reads = {}
             try:
                 yield conn
             finally:
                 self._local.conn = None
+                self._local.reads = {}
+
+    def joined(self) -> bool:
+        """Whether this thread is inside :meth:`atomic`."""
+        return getattr(self._local, "conn", None) is not None
+
+    def stash_read(self, job_id: str, row: dict[str, Any]) -> None:
+        """Keep an item read (``dispatch_item_read``) made by another statement
+        of this thread's :meth:`atomic` transaction, for the claim that follows
+        in it (the transport's get reads the item it delivers)."""
+        if self.joined():
+            self._local.reads[job_id] = row
+
+    def take_read(self, job_id: str) -> dict[str, Any] | None:
+        """The read stashed for ``job_id`` in the current transaction, once."""
+        reads: dict[str, dict[str, Any]] | None = getattr(self._local, "reads", None)
+        return None if not reads or not self.joined() else reads.pop(job_id, None)
 
     def _joined(self, fn: Callable[[Conn], T], conn: Conn, durable: bool) -> T:
         # Inside atomic(): no retry of our own, the outer transaction decides.

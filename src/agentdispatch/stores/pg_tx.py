@@ -147,6 +147,11 @@ class PostgresTx:
         session lock and read what blocks the session (:meth:`session_blocker`)."""
         row = self._one(Q["item_read"], {"id": job_id, "session": session})
         assert row is not None
+        self.use_read(job_id, row, session=session)
+
+    def use_read(self, job_id: str, row: dict[str, Any], *, session: bool) -> None:
+        """Take the answer of a ``dispatch_item_read`` made in this transaction
+        (by :meth:`read_item`, or by the statement that delivered the item)."""
         self._now = float(row["now"])
         data = row["item"]
         self._prefetched[job_id] = None if data is None else item_from_row(data)

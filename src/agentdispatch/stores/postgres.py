@@ -152,7 +152,11 @@ class PostgresStore:
     # session gate) in one round trip and writes back in one statement.
     def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
         def op(tx: PostgresTx) -> Claim:
-            tx.read_item(job_id, session=True)
+            read = self.db.take_read(job_id)  # made by the get that delivered it
+            if read is None:
+                tx.read_item(job_id, session=True)
+            else:
+                tx.use_read(job_id, read, session=True)
             return engine.claim(tx, job_id, tenant, owner, ttl_s)
 
         return self._run(op)

@@ -55,6 +55,11 @@ class Transport(Protocol):
     def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
         """Receive one envelope for ``owner`` (each worker thread is an owner)."""
 
+    def wait(self, timeout_s: float) -> None:
+        """Block until envelopes may have arrived since this thread's last empty
+        :meth:`get` (a notification, or the next poll is due), at most
+        ``timeout_s``. A hint: the caller gets again."""
+
     def ack(self, delivery: Delivery) -> bool:
         """Acknowledge; False (and nothing deleted) when the receipt no longer
         owns the delivery."""

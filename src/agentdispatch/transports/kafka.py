@@ -208,6 +208,11 @@ class KafkaTransport:
         self._auto_relay()
         return self._consumer(owner).get(visibility_s, wait_s)
 
+    def wait(self, timeout_s: float) -> None:
+        """Consumers wait inside :meth:`get` (``wait_s``); this only pauses
+        briefly, so a caller that gets again does not spin."""
+        time.sleep(min(0.05, max(0.0, timeout_s)))
+
     def _owner_of(self, delivery: Delivery) -> OwnedConsumer | None:
         with self._lock:
             return self._consumers.get(delivery.receipt.owner)

@@ -140,6 +140,7 @@ class PostgresTransport:
         self._listener: _Listener | None = None
         self._listen = listen
         self._lock = threading.Lock()
+        self._local = threading.local()
 
     def _ensure_listener(self) -> _Listener | None:
         if not self._listen:
@@ -167,7 +168,10 @@ class PostgresTransport:
         return 0
 
     def _get_once(self, owner: str, visibility_s: float) -> Delivery | None:
-        params = {"owner": owner, "vis": visibility_s}
+        # Inside a transaction that goes on to claim the item, read it too.
+        read = self.db.joined()
+        params = {"owner": owner, "vis": visibility_s, "read": read}
+        self._local.seen = self._wake.generation()
 
         def claim(conn: Conn) -> dict[str, Any] | None:
             # Prepared (its plan is costly): a pending BEGIN goes ahead of it.
@@ -176,8 +180,14 @@ class PostgresTransport:
         # One statement in autocommit: one round trip. Retrying after a lost
         # connection is safe: a claim that did commit only delays that row.
         row = self.db.run(claim, single=True, idempotent=True)
+        woken, self._local.woken = getattr(self._local, "woken", False), False
         if row is None:
             return None
+        if woken:
+            # Woken alone: there may be more rows, wake the next waiter.
+            self._wake.bump(everyone=False)
+        if read and row["now"] is not None:
+            self.db.stash_read(row["job_id"], row)
         return Delivery(
             raw=row["envelope"],
             receipt=Receipt(owner=owner, claimed_at=float(row["claimed_at"]), ref=int(row["id"])),
@@ -185,21 +195,24 @@ class PostgresTransport:
         )
 
     def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
-        listener = self._ensure_listener()
         deadline = time.monotonic() + wait_s
-        waited = False
         while True:
-            seen = self._wake.generation()
             got = self._get_once(owner, visibility_s)
             left = deadline - time.monotonic()
-            if got is not None and waited:
-                # Woken alone: there may be more rows, wake the next waiter.
-                self._wake.bump(everyone=False)
             if got is not None or left <= 0:
                 return got
-            waited = True
-            poll = self.poll_s if listener is not None and listener.healthy else self.fallback_poll_s
-            self._wake.wait(seen, min(poll, left))
+            self.wait(left)
+
+    def wait(self, timeout_s: float) -> None:
+        """Until a notification arrives after this thread's last empty get, or
+        the next poll is due (at most ``timeout_s``)."""
+        listener = self._ensure_listener()
+        seen = getattr(self._local, "seen", None)
+        if seen is None:
+            seen = self._wake.generation()
+        poll = self.poll_s if listener is not None and listener.healthy else self.fallback_poll_s
+        self._wake.wait(seen, min(poll, max(0.0, timeout_s)))
+        self._local.woken = True
 
     def _receipt(self, delivery: Delivery) -> dict[str, Any]:
         r = delivery.receipt

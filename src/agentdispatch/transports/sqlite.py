@@ -64,8 +64,12 @@ class SqliteTransport:
             got = self._get_once(owner, visibility_s)
             if got is not None or time.monotonic() >= deadline:
                 return got
-            self._wake.wait(min(self.poll_s, max(0.0, deadline - time.monotonic())))
-            self._wake.clear()
+            self.wait(deadline - time.monotonic())
+
+    def wait(self, timeout_s: float) -> None:
+        """Until the next poll is due (at most ``timeout_s``)."""
+        self._wake.wait(min(self.poll_s, max(0.0, timeout_s)))
+        self._wake.clear()
 
     def _receipt_params(self, delivery: Delivery) -> dict[str, object]:
         r = delivery.receipt

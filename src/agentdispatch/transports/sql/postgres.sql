@@ -4,6 +4,9 @@
 -- served group (the session), deadline, enqueue order. Only the head row of a
 -- session is eligible, so one session's turns are handed out one at a time, in
 -- order. Every step is an index scan over a small fairness table or the queue.
+-- With read = true (inside a transaction that goes on to claim the item), the
+-- same round trip also reads the item for that claim: dispatch_item_read,
+-- locking the item and its session until the transaction ends.
 WITH clock AS MATERIALIZED (
     SELECT extract(epoch FROM clock_timestamp())::float8 AS now
 ), pick AS MATERIALIZED (
@@ -71,7 +74,7 @@ WITH clock AS MATERIALIZED (
         deliveries = q.deliveries + 1
     FROM pick, clock
     WHERE q.id = pick.id
-    RETURNING q.id, q.envelope, q.deliveries, q.claimed_at, q.priority, q.group_ref, q.tenant_ref
+    RETURNING q.id, q.job_id, q.envelope, q.deliveries, q.claimed_at, q.priority, q.group_ref, q.tenant_ref
 ), mark AS MATERIALIZED (
     -- Least recently served is approximate by design: a row another claim is
     -- marking right now is skipped (that claim marks it as recent), so no claim
@@ -94,7 +97,12 @@ WITH clock AS MATERIALIZED (
     FROM lock_tenant l, mark m
     WHERE t.priority = l.priority AND t.tenant_ref = l.tenant_ref
 )
-SELECT id, envelope, deliveries, claimed_at FROM claimed
+SELECT c.id, c.envelope, c.deliveries, c.claimed_at, c.job_id,
+       r.now, r.item, r.leaf, r.blocker_status, r.blocker_expires_at
+FROM claimed c
+LEFT JOIN LATERAL (
+    SELECT * FROM dispatch_item_read(c.job_id, true) WHERE %(read)s::boolean
+) r ON true
 
 -- name: ack
 -- RETURNING: the answer is a row, which pipeline mode delivers on fetch. The

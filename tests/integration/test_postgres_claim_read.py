@@ -1,0 +1,91 @@
+"""The get that delivers an item inside a claim transaction also reads the
+item (one round trip fewer per claim); that read serves only the claim in the
+same transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentdispatch.dispatch import Submission
+from agentdispatch.envelope import Envelope
+from agentdispatch.stores.base import ClaimKind
+from agentdispatch.stores.pg_tx import PostgresTx
+from backends import Harness, postgres_harness
+
+
+@pytest.fixture
+def h(tmp_path: Path) -> Iterator[Harness]:
+    harness = postgres_harness(tmp_path)
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Job ids read by a separate ``item_read`` statement."""
+    seen: list[str] = []
+    real = PostgresTx.read_item
+
+    def spy(self: PostgresTx, job_id: str, *, session: bool = False) -> None:
+        seen.append(job_id)
+        real(self, job_id, session=session)
+
+    monkeypatch.setattr(PostgresTx, "read_item", spy)
+    return seen
+
+
+def test_claim_in_the_get_transaction_uses_the_read_of_the_get(h: Harness, reads: list[str]) -> None:
+    handle = h.dispatcher().submit(Submission(kind="note", tenant="t1", session_id="s", payload=1))
+    with h.transport.atomic(durable=False):
+        d = h.transport.get("w:0", visibility_s=30.0, wait_s=0.0)
+        assert d is not None
+        env = Envelope.from_json(d.raw)
+        claim = h.store.claim(env.job_id, env.tenant, owner="w:0", ttl_s=30.0)
+    assert claim.kind is ClaimKind.CLAIMED and claim.lease is not None
+    assert reads == []  # no second read
+    assert h.store.get(handle.job_id, None).status.value == "running"
+    assert h.store.get(handle.job_id, None).lease_epoch == claim.lease.epoch
+
+
+def test_the_read_of_the_get_sees_the_session_blocker(h: Harness, reads: list[str]) -> None:
+    d = h.dispatcher()
+    first = d.submit(Submission(kind="note", tenant="t1", session_id="s", payload=1))
+    second = d.submit(Submission(kind="note", tenant="t1", session_id="s", payload=2))
+    got = h.transport.get("w:0", visibility_s=30.0, wait_s=0.0)
+    assert got is not None and Envelope.from_json(got.raw).job_id == first.job_id
+    assert h.store.claim(first.job_id, "t1", owner="w:0", ttl_s=30.0).kind is ClaimKind.CLAIMED
+    assert h.transport.ack(got)
+    # The second turn's queue row is the session head now, but the first runs.
+    with h.transport.atomic(durable=False):
+        nxt = h.transport.get("w:1", visibility_s=30.0, wait_s=0.0)
+        assert nxt is not None and Envelope.from_json(nxt.raw).job_id == second.job_id
+        claim = h.store.claim(second.job_id, "t1", owner="w:1", ttl_s=30.0)
+    assert claim.kind is ClaimKind.BUSY and claim.retry_after_s > 0
+    assert second.job_id not in reads
+
+
+def test_a_get_outside_a_transaction_leaves_no_read_behind(h: Harness, reads: list[str]) -> None:
+    handle = h.dispatcher().submit(Submission(kind="note", tenant="t1", session_id="s", payload=1))
+    d = h.transport.get("w:0", visibility_s=30.0, wait_s=0.0)
+    assert d is not None
+    claim = h.store.claim(handle.job_id, "t1", owner="w:0", ttl_s=30.0)
+    assert claim.kind is ClaimKind.CLAIMED
+    assert reads == [handle.job_id]  # autocommit: its locks are gone, read again
+
+
+def test_a_read_never_outlives_its_transaction(h: Harness, reads: list[str]) -> None:
+    handle = h.dispatcher().submit(Submission(kind="note", tenant="t1", session_id="s", payload=1))
+    with h.transport.atomic(durable=False):
+        d = h.transport.get("w:0", visibility_s=30.0, wait_s=0.0)
+        assert d is not None
+    h.store.cancel(handle.job_id, None)
+    with h.transport.atomic(durable=False):
+        claim = h.store.claim(handle.job_id, "t1", owner="w:0", ttl_s=30.0)
+    # A stale read would have claimed the cancelled item.
+    assert claim.kind is ClaimKind.SKIPPED
+    assert reads == [handle.job_id]
