@@ -140,14 +140,18 @@ class Renewer:
         self._due: dict[LeaseGuard, float] = {}
         self._cv = threading.Condition()
         self._closed = False
+        #: When the thread wakes next on its own (it need not be woken for a
+        #: guard due later: the usual case, every guard having the same period).
+        self._wakes_at = 0.0
         self._thread = threading.Thread(target=self._run, name="renewer", daemon=True)
         self._thread.start()
 
     def add(self, guard: LeaseGuard) -> None:
         """Renew ``guard`` every ``guard.every`` seconds from now."""
         with self._cv:
-            self._due[guard] = time.monotonic() + guard.every
-            self._cv.notify()
+            at = self._due[guard] = time.monotonic() + guard.every
+            if at < self._wakes_at:
+                self._cv.notify()
 
     def remove(self, guard: LeaseGuard) -> None:
         """Stop renewing ``guard``."""
@@ -171,8 +175,9 @@ class Renewer:
                 for g in due:
                     self._due[g] = now + g.every
                 if not due:
-                    nxt = min(self._due.values(), default=now + 1.0)
-                    self._cv.wait(max(0.0, nxt - now))
+                    self._wakes_at = min(self._due.values(), default=now + 1.0)
+                    self._cv.wait(max(0.0, self._wakes_at - now))
+                    self._wakes_at = 0.0  # awake: adders need not notify
                     continue
             for g in due:
                 g.tick()

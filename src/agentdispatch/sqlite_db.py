@@ -158,7 +158,8 @@ class SqliteDb:
         finally:
             with self._batches:
                 batch.finished += 1
-                self._batches.notify_all()
+                if batch.finished == batch.joined:  # only the leader waits for this
+                    self._batches.notify_all()
             if lead:
                 self._commit_batch(batch)
         if ok:
