@@ -39,6 +39,10 @@ class SqliteDb:
         # Group commit: durable transactions of concurrent threads share one.
         self._batches = threading.Condition()
         self._batch: _Batch | None = None
+        # One connection for every durable batch, whichever thread leads it:
+        # its page cache stays valid from batch to batch (a connection that
+        # finds the file changed by another one starts with an empty cache).
+        self._batch_conn: sqlite3.Connection | None = None
 
     def _open(self, durable: bool) -> sqlite3.Connection:
         try:
@@ -169,9 +173,11 @@ class SqliteDb:
 
     def _open_batch(self, batch: _Batch) -> None:
         try:
-            conn = self.conn(durable=True)
             self._writer.acquire()
             try:
+                conn = self._batch_conn
+                if conn is None:
+                    conn = self._batch_conn = self._open(durable=True)
                 conn.execute("BEGIN IMMEDIATE")
             except BaseException:
                 self._writer.release()
@@ -210,6 +216,7 @@ class SqliteDb:
                 with suppress(sqlite3.Error):
                     conn.close()
             self._all.clear()
+            self._batch_conn = None
         self._local = threading.local()
 
 

@@ -71,3 +71,35 @@ def test_a_block_that_raises_outside_a_group_rolls_back(tmp_path: Path) -> None:
         c.execute("INSERT INTO t VALUES (2)")
     assert [r[0] for r in db.conn().execute("SELECT k FROM t")] == [2]
     db.close()
+
+
+def test_durable_batches_of_every_thread_use_one_connection(tmp_path: Path) -> None:
+    # Its page cache stays warm: a connection that finds the file changed by
+    # another connection starts from an empty cache.
+    db = SqliteDb(tmp_path / "one.db")
+    with db.tx() as c:
+        c.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
+    used: list[object] = []
+    lock = threading.Lock()
+
+    def writer(n: int) -> None:
+        for i in range(20):
+            with db.tx(durable=True) as c:
+                c.execute("INSERT INTO t VALUES (?)", (n * 100 + i,))
+                with lock:
+                    used.append(c)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(used) == 80 and len({id(c) for c in used}) == 1
+    with db.tx() as c:
+        assert c.execute("SELECT count(*) FROM t").fetchone()[0] == 80
+    db.close()
+    # Closed means closed: a new batch opens a fresh connection.
+    with db.tx(durable=True) as c:
+        c.execute("INSERT INTO t VALUES (1000)")
+        assert c.execute("SELECT count(*) FROM t").fetchone()[0] == 81
+    db.close()
