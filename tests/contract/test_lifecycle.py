@@ -265,6 +265,45 @@ def test_idempotent_resubmission_and_tenant_isolation(harness):
     assert d.status(a.job_id, "acme")["status"] == "ready"
 
 
+def _submit_together(d, key: str, n: int) -> tuple[list[str], list[BaseException]]:
+    """``n`` threads submit one idempotency key at the same moment."""
+    import threading
+
+    barrier = threading.Barrier(n)
+    handles: list[str] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def submit() -> None:
+        barrier.wait()
+        try:
+            handle = d.submit(Submission(kind="echo", tenant="acme", idempotency_key=key))
+        except BaseException as exc:
+            with lock:
+                errors.append(exc)
+        else:
+            with lock:
+                handles.append(handle.job_id)
+
+    threads = [threading.Thread(target=submit) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return handles, errors
+
+
+def test_concurrent_resubmissions_of_one_key_share_one_job(harness):
+    # A client retrying while its first request is still in flight: every
+    # request answers with the one job, none fails, exactly one delivery.
+    d = harness.dispatcher()
+    for round_ in range(5):
+        handles, errors = _submit_together(d, f"retry-{round_}", 8)
+        assert errors == [] and len(handles) == 8 and len(set(handles)) == 1, errors[:2]
+    assert len(d.jobs("acme")) == 5
+    assert harness.store.counts("acme") == {"ready": 5}
+
+
 def test_session_exclusion_and_order(harness):
     d = harness.dispatcher()
     first = d.submit(Submission(kind="echo", tenant="t", session_id="s1"))

@@ -87,8 +87,15 @@ class Conn(psycopg.Connection[DictRow]):
         return super().execute(query, params, prepare=prepare, binary=binary)  # type: ignore[arg-type]
 
 
-#: Errors after which the transaction certainly rolled back: run it again.
-_RETRY_NOW = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure, pg_errors.LockNotAvailable)
+#: Errors after which the transaction certainly rolled back: run it again. A
+#: unique violation is a concurrent insert of the same key (two submissions of
+#: one job id): run again, the transaction finds that row and answers with it.
+_RETRY_NOW = (
+    pg_errors.DeadlockDetected,
+    pg_errors.SerializationFailure,
+    pg_errors.LockNotAvailable,
+    pg_errors.UniqueViolation,
+)
 #: A pooler in transaction mode lost (or mixed up) a server-side prepared statement.
 _PREPARED_LOST = (pg_errors.InvalidSqlStatementName, pg_errors.DuplicatePreparedStatement)
 #: Claims and renewals may commit asynchronously: a lost one is redone.
