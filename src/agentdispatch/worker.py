@@ -194,15 +194,15 @@ class Worker:
         got = self._get_and_claim(owner)
         if got is None:
             if self.transport.shared_database:
-                # Wait outside any transaction, then get and claim in one again.
+                # Idle: wait outside any transaction; the next poll gets and
+                # claims in one transaction again (one get per wake-up).
                 self.transport.wait(self.options.get_wait_s)
-                got = self._get_and_claim(owner)
-            else:
-                ttl = self.settings.claim_ttl_s
-                delivery = self.transport.get(owner, visibility_s=ttl, wait_s=self.options.get_wait_s)
-                got = None if delivery is None else (delivery, self._admit(delivery, owner))
-            if got is None:
                 return None
+            ttl = self.settings.claim_ttl_s
+            delivery = self.transport.get(owner, visibility_s=ttl, wait_s=self.options.get_wait_s)
+            if delivery is None:
+                return None
+            got = (delivery, self._admit(delivery, owner))
         delivery, step = got
         return step if isinstance(step, str) else self._execute(delivery, step, owner=owner, index=index, loop=loop)
 
