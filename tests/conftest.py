@@ -39,3 +39,13 @@ def make_harness(backend_name: str, tmp_path: Path) -> Iterator[Callable[..., Ha
 def harness(make_harness: Callable[..., Harness]) -> Harness:
     """A fresh store + transport of each backend in the contract matrix."""
     return make_harness()
+
+
+@pytest.fixture
+def pg(tmp_path: Path) -> Iterator[Harness]:
+    """PostgreSQL store and transport on a fresh schema (for PostgreSQL-only tests)."""
+    h = BUILDERS["postgres"](tmp_path)
+    try:
+        yield h
+    finally:
+        h.close()

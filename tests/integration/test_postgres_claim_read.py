@@ -4,25 +4,18 @@ same transaction."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from agentdispatch.dispatch import Submission
 from agentdispatch.envelope import Envelope
 from agentdispatch.stores.base import ClaimKind
 from agentdispatch.stores.pg_tx import PostgresTx
-from backends import Harness, postgres_harness
+from backends import Harness
 
 
 @pytest.fixture
-def h(tmp_path: Path) -> Iterator[Harness]:
-    harness = postgres_harness(tmp_path)
-    try:
-        yield harness
-    finally:
-        harness.close()
+def h(pg: Harness) -> Harness:
+    return pg
 
 
 @pytest.fixture

@@ -7,8 +7,6 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -17,17 +15,13 @@ from agentdispatch.envelope import Envelope
 from agentdispatch.handlers import Registry, Turn
 from agentdispatch.lease import LeaseGuard
 from agentdispatch.sqlfiles import queries
-from backends import Harness, postgres_harness
+from backends import Harness
 from pg import admin
 
 
 @pytest.fixture
-def h(tmp_path: Path) -> Iterator[Harness]:
-    harness = postgres_harness(tmp_path)
-    try:
-        yield harness
-    finally:
-        harness.close()
+def h(pg: Harness) -> Harness:
+    return pg
 
 
 def _schema(h: Harness) -> str:
