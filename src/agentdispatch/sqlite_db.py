@@ -9,7 +9,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
 
 from .errors import TaskQueueUnavailable
@@ -98,19 +98,18 @@ class SqliteDb:
             finally:
                 self._local.current = None
 
-    @contextmanager
-    def tx(self, durable: bool = False) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` write transaction (or the open :meth:`atomic`).
+    def tx(self, durable: bool = False) -> AbstractContextManager[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` write transaction (or the open :meth:`atomic`,
+        joined at the cost of a plain attribute read: several times a turn).
         Durable ones are group-committed with those of other threads."""
         current: sqlite3.Connection | None = getattr(self._local, "current", None)
         if current is not None:
-            yield current
-            return
-        if durable:
-            with self._durable() as conn:
-                yield conn
-            return
-        conn = self.conn(durable)
+            return nullcontext(current)
+        return self._durable() if durable else self._immediate()
+
+    @contextmanager
+    def _immediate(self) -> Iterator[sqlite3.Connection]:
+        conn = self.conn(durable=False)
         with self._writer:
             try:
                 conn.execute("BEGIN IMMEDIATE")

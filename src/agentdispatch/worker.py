@@ -81,6 +81,7 @@ class Worker:
         # Per claim thread: a turn claimed in the transaction that committed the
         # previous one, run next (see _commit).
         self._chained: dict[int, tuple[Delivery, tuple[Envelope, Claim]]] = {}
+        self._counters: dict[str, Any] = {}  # turns counter per outcome label
 
     # -- lifecycle ----------------------------------------------------------
     def preflight(self) -> None:
@@ -177,7 +178,10 @@ class Worker:
             loop.close()
 
     def _count(self, outcome: str) -> None:
-        self.metrics.turns.labels(outcome=outcome).inc()
+        counter = self._counters.get(outcome)
+        if counter is None:
+            counter = self._counters[outcome] = self.metrics.turns.labels(outcome=outcome)
+        counter.inc()
 
     def _poison(self, delivery: Delivery, reason: str) -> None:
         self.store.record_poison(delivery.raw, reason)

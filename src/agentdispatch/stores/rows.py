@@ -9,9 +9,12 @@ from typing import Any
 from ..workitem import Status, WorkItem
 from .base import Effect, WorkerRow
 
+_STATUS = {s.value: s for s in Status}
+
 
 def item_from_row(row: Mapping[str, Any]) -> WorkItem:
-    """Build a WorkItem from a ``work_items`` row."""
+    """Build a WorkItem from a ``work_items`` row (twice a turn: a dict lookup
+    for the status, no JSON parse of an empty dependency list)."""
     payload = row["payload"]
     result = row["result"]
     deps = row["dependencies"]
@@ -21,7 +24,7 @@ def item_from_row(row: Mapping[str, Any]) -> WorkItem:
         session_id=row["session_id"],
         kind=row["kind"],
         payload=json.loads(payload) if isinstance(payload, str) else payload,
-        status=Status(row["status"]),
+        status=_STATUS[row["status"]],
         created_at=float(row["created_at"]),
         ready_at=float(row["ready_at"]),
         updated_at=float(row["updated_at"]),
@@ -29,7 +32,7 @@ def item_from_row(row: Mapping[str, Any]) -> WorkItem:
         agent_name=row["agent_name"],
         priority=int(row["priority"]),
         attempt=int(row["attempts"]),
-        dependencies=tuple(json.loads(deps) if isinstance(deps, str) else deps),
+        dependencies=() if deps == "[]" else tuple(json.loads(deps) if isinstance(deps, str) else deps),
         deadline_unix=row["deadline_unix"],
         reason=row["reason"],
         seq=int(row["seq"]),

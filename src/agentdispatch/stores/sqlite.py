@@ -7,7 +7,7 @@ import json
 import secrets
 import sqlite3
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
@@ -230,10 +230,8 @@ class SqliteStore:
         with self._tx(durable) as tx:
             yield tx
 
-    @contextmanager
-    def _tx(self, durable: bool = False) -> Iterator[SqliteTx]:
-        with self.db.tx(durable) as conn:
-            yield SqliteTx(conn, self._key())
+    def _tx(self, durable: bool = False) -> _StoreTx:
+        return _StoreTx(self.db.tx(durable), self._key())
 
     def _key(self) -> bytes:
         if self._ref_key is None:
@@ -419,3 +417,20 @@ def _statements(sql: str) -> list[str]:
     ``;`` (our DDL has no ``;`` inside literals)."""
     code = "\n".join(ln for ln in sql.splitlines() if not ln.strip().startswith("--"))
     return [part.strip() for part in code.split(";") if part.strip()]
+
+
+class _StoreTx:
+    """``with store._tx() as tx``: the database transaction as a :class:`SqliteTx`
+    (a plain class: it runs twice a turn, where a generator costs more)."""
+
+    __slots__ = ("_cm", "_key")
+
+    def __init__(self, cm: AbstractContextManager[sqlite3.Connection], key: bytes) -> None:
+        self._cm = cm
+        self._key = key
+
+    def __enter__(self) -> SqliteTx:
+        return SqliteTx(self._cm.__enter__(), self._key)
+
+    def __exit__(self, *exc: Any) -> bool | None:
+        return self._cm.__exit__(*exc)
