@@ -14,7 +14,17 @@ def queries(package: str, filename: str) -> dict[str, str]:
     """Parse ``filename`` in ``package`` into ``{name: sql}``."""
     text = resources.files(package).joinpath(filename).read_text()
     parts = _NAME.split(text)
-    return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts), 2)}
+    return {parts[i]: _compact(parts[i + 1]) for i in range(1, len(parts), 2)}
+
+
+def _compact(sql: str) -> str:
+    """The statement as sent: without its comment lines and indentation (the
+    comments are for readers of the file). A shorter text is also cheaper for
+    the driver, which caches the conversion of statements up to 4 KiB only and
+    otherwise parses the statement again on every execution. Query files hold
+    no string literal spanning lines, so this changes no value."""
+    lines = (line.strip() for line in sql.splitlines())
+    return "\n".join(line for line in lines if line and not line.startswith("--"))
 
 
 class Queries:

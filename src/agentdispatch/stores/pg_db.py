@@ -45,6 +45,14 @@ class Conn(psycopg.Connection[DictRow]):
 
     _begin: str | None = None
     _tail: list[str] | None = None
+    _mogrifier: psycopg.ClientCursor[DictRow] | None = None
+
+    def _mogrify(self, query: Query, params: Params | None) -> str:
+        """Client-side binding into SQL text, by one cursor kept per connection
+        (a new cursor copies the adapters map: several times a turn)."""
+        if self._mogrifier is None:
+            self._mogrifier = psycopg.ClientCursor(self)
+        return self._mogrifier.mogrify(query, params)
 
     def hold_begin(self, sql: str) -> None:
         """Send ``sql`` (a BEGIN) with the next statement."""
@@ -55,7 +63,7 @@ class Conn(psycopg.Connection[DictRow]):
         surface there: the transaction fails as a whole either way)."""
         if self._tail is None:
             self._tail = []
-        self._tail.append(psycopg.ClientCursor(self).mogrify(query, params))
+        self._tail.append(self._mogrify(query, params))
 
     def discard(self) -> bool:
         """Forget pending text; True when the BEGIN was never sent."""
@@ -78,7 +86,7 @@ class Conn(psycopg.Connection[DictRow]):
         self, query: Query, params: Params | None = None, *, prepare: bool | None = None, binary: bool = False
     ) -> psycopg.Cursor[DictRow]:
         if (self._begin is not None or self._tail) and not prepare and not binary and isinstance(query, str):
-            text = query if params is None else psycopg.ClientCursor(self).mogrify(query, params)
+            text = query if params is None else self._mogrify(query, params)
             cur = super().execute("\n;\n".join([*self._pending(), text]).encode())
             while cur.nextset():
                 pass  # the answer is the last statement's
