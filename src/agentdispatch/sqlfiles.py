@@ -14,15 +14,15 @@ def queries(package: str, filename: str) -> dict[str, str]:
     """Parse ``filename`` in ``package`` into ``{name: sql}``."""
     text = resources.files(package).joinpath(filename).read_text()
     parts = _NAME.split(text)
-    return {parts[i]: _compact(parts[i + 1]) for i in range(1, len(parts), 2)}
+    return {parts[i]: compact(parts[i + 1]) for i in range(1, len(parts), 2)}
 
 
-def _compact(sql: str) -> str:
+def compact(sql: str) -> str:
     """The statement as sent: without its comment lines and indentation (the
     comments are for readers of the file). A shorter text is also cheaper for
     the driver, which caches the conversion of statements up to 4 KiB only and
-    otherwise parses the statement again on every execution. Query files hold
-    no string literal spanning lines, so this changes no value."""
+    otherwise parses the statement again on every execution. Our SQL files
+    hold no string literal spanning lines, so this changes no value."""
     lines = (line.strip() for line in sql.splitlines())
     return "\n".join(line for line in lines if line and not line.startswith("--"))
 

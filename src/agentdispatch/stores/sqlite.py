@@ -6,8 +6,8 @@ import hashlib
 import json
 import secrets
 import sqlite3
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from itertools import groupby
 from operator import itemgetter
 from pathlib import Path
@@ -16,7 +16,7 @@ from typing import Any
 from ..envelope import Envelope
 from ..errors import TaskQueueUnavailable
 from ..policy import opaque_ref
-from ..sqlfiles import Queries, migrations
+from ..sqlfiles import Queries, compact, migrations
 from ..sqlite_db import SqliteDb, clock
 from ..workitem import Lease, Outcome, Status, WorkItem, evolve
 from . import engine
@@ -223,12 +223,10 @@ class SqliteStore:
         self._ref_key: bytes | None = None
 
     # -- plumbing -----------------------------------------------------------
-    @contextmanager
-    def transaction(self, durable: bool = False) -> Iterator[SqliteTx]:
+    def transaction(self, durable: bool = False) -> AbstractContextManager[SqliteTx]:
         """One write transaction as an :class:`engine.Tx` (for extensions such
         as durable intake that must write in the same transaction)."""
-        with self._tx(durable) as tx:
-            yield tx
+        return self._tx(durable)
 
     def _tx(self, durable: bool = False) -> _StoreTx:
         return _StoreTx(self.db.tx(durable), self._key())
@@ -415,8 +413,7 @@ class SqliteStore:
 def _statements(sql: str) -> list[str]:
     """Split a migration into statements: comment lines go first, then split on
     ``;`` (our DDL has no ``;`` inside literals)."""
-    code = "\n".join(ln for ln in sql.splitlines() if not ln.strip().startswith("--"))
-    return [part.strip() for part in code.split(";") if part.strip()]
+    return [part.strip() for part in compact(sql).split(";") if part.strip()]
 
 
 class _StoreTx:
