@@ -266,7 +266,7 @@ def profile_one_loop(data_dir: Path, turns: int, top: int) -> str:
             label = worker.poll("profiler:0", 0, loop)
             if label is None:
                 break
-            done += label == "completed"
+            done += label in ("completed", "pending")  # pending: committed with its batch
         return done
 
     sqlite3.connect = traced_connect  # type: ignore[assignment]

@@ -38,6 +38,15 @@ def sweep_every(ttl_s: float) -> float:
     return max(0.2, min(5.0, ttl_s / 4))
 
 
+def batch_size(mean_turn_s: float | None, *, budget_s: float, cap: int) -> int:
+    """How many turns a claim thread takes per commit: as many as run within
+    ``budget_s`` at the recent mean handler time, 1..``cap`` (1 while the mean
+    is unknown, so a slow handler never holds claimed turns back)."""
+    if mean_turn_s is None or budget_s <= 0 or cap <= 1:
+        return 1
+    return max(1, min(cap, int(budget_s / max(mean_turn_s, 1e-6))))
+
+
 @functools.lru_cache(maxsize=65_536)
 def opaque_ref(key: bytes, *parts: str) -> str:
     """A keyed hash of ``parts``: a scheduling reference that hides names."""
@@ -73,6 +82,12 @@ class Backpressure:
                 old_ok, old_latency = self._recent.popleft()
                 self._failures -= not old_ok
                 self._latency -= old_latency
+
+    def mean_latency(self) -> float | None:
+        """Mean handler time over the window (None before 10 turns)."""
+        with self._lock:
+            n = len(self._recent)
+            return None if n < 10 else max(0.0, self._latency) / n
 
     def claim_delay(self) -> float:
         """Seconds to wait before the next claim (0 when healthy)."""

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,12 +24,12 @@ from .fleet import host_label, new_worker_id
 from .handlers import Registry, Turn, run_handler
 from .lease import LeaseGuard, Renewer, _jsonable
 from .metrics import Metrics
-from .policy import Backpressure
+from .policy import Backpressure, batch_size
 from .reconciler import Reconciler
 from .settings import Settings
 from .stores.base import Claim, ClaimKind, Store, WorkerRow
 from .transports.base import Delivery, Transport
-from .workitem import Outcome, Status, WorkItem
+from .workitem import Lease, Outcome, Status, WorkItem
 
 log = logging.getLogger("agentdispatch.worker")
 
@@ -42,6 +43,36 @@ class WorkerOptions:
     heartbeat_s: float = 30.0
     get_wait_s: float = 0.5
     reconcile: bool = True
+    #: On a shared database a claim thread takes up to this many turns per
+    #: commit transaction while turns are fast (one fsync for all of them)...
+    batch_max: int = 16
+    #: ...as many as run within this budget, which also bounds how long a
+    #: finished turn waits for its commit (and a claimed one for its start).
+    batch_budget_s: float = 0.01
+
+
+_LABELS = {Status.SUCCEEDED: "completed", Status.READY: "retried", Status.DEAD_LETTER: "dead_letter"}
+
+Step = tuple[Envelope, Claim]
+
+
+@dataclass(frozen=True)
+class _Done:
+    """A turn whose handler finished, waiting for its fenced commit."""
+
+    delivery: Delivery
+    lease: Lease
+    outcome: Outcome
+
+
+@dataclass
+class _Lane:
+    """One claim thread's turns: claimed and not started yet (each already
+    running under its lease), and finished ones not committed yet."""
+
+    claimed: deque[tuple[Delivery, Step]] = field(default_factory=deque)
+    done: list[_Done] = field(default_factory=list)
+    since: float = 0.0  # when the oldest finished turn finished (monotonic)
 
 
 @dataclass
@@ -78,9 +109,9 @@ class Worker:
         self._started_at = time.time()
         self.backpressure = Backpressure()
         self.renewer = Renewer()
-        # Per claim thread: a turn claimed in the transaction that committed the
-        # previous one, run next (see _commit).
-        self._chained: dict[int, tuple[Delivery, tuple[Envelope, Claim]]] = {}
+        # Per claim thread: turns claimed in the transaction that committed the
+        # previous ones, and finished turns waiting for that commit (see _flush).
+        self._lanes: dict[int, _Lane] = {}
         self._counters: dict[str, Any] = {}  # turns counter per outcome label
 
     # -- lifecycle ----------------------------------------------------------
@@ -158,13 +189,22 @@ class Worker:
                 pass
 
     # -- the claim loop -----------------------------------------------------
+    def _lane(self, index: int) -> _Lane:
+        lane = self._lanes.get(index)
+        if lane is None:
+            lane = self._lanes[index] = _Lane()
+        return lane
+
     def _claim_loop(self, index: int) -> None:
         owner = f"{self.worker_id}:{index}"
+        lane = self._lane(index)
         loop = asyncio.new_event_loop()
         try:
-            # A chained turn is already claimed: it runs even when stopping.
-            while not self.stopping.is_set() or index in self._chained:
-                delay = 0.0 if index in self._chained else self.backpressure.claim_delay()
+            # Turns already claimed run even when stopping, and finished ones
+            # are committed.
+            while not self.stopping.is_set() or lane.claimed or lane.done:
+                busy = lane.claimed or lane.done
+                delay = 0.0 if busy else self.backpressure.claim_delay()
                 if delay and self.stopping.wait(delay):
                     break
                 try:
@@ -189,12 +229,16 @@ class Worker:
         self._count("poison")
 
     def poll(self, owner: str, index: int, loop: asyncio.AbstractEventLoop) -> str | None:
-        """One claim attempt; returns the outcome label, or None when idle.
+        """One step of a claim thread; returns the outcome label (``pending``
+        while a finished turn waits for its batch's commit), or None when idle.
 
         On a shared database the delivery and the claim are one transaction."""
-        chained = self._chained.pop(index, None)
-        if chained is not None:
-            return self._execute(*chained, owner=owner, index=index, loop=loop)
+        lane = self._lane(index)
+        if lane.claimed:
+            delivery, step = lane.claimed.popleft()
+            return self._execute(delivery, step, owner=owner, index=index, loop=loop)
+        if lane.done:
+            return self._flush(lane, owner)
         got = self._get_and_claim(owner)
         if got is None:
             if self.transport.shared_database:
@@ -210,7 +254,7 @@ class Worker:
         delivery, step = got
         return step if isinstance(step, str) else self._execute(delivery, step, owner=owner, index=index, loop=loop)
 
-    def _get_and_claim(self, owner: str) -> tuple[Delivery, str | tuple[Envelope, Claim]] | None:
+    def _get_and_claim(self, owner: str) -> tuple[Delivery, str | Step] | None:
         """Get a delivery and settle or claim it, in one transaction on a
         shared database (the get also reads the item for the claim)."""
         with self.transport.atomic(durable=False):
@@ -225,7 +269,7 @@ class Worker:
             return step
         return self._execute(delivery, step, owner=owner, index=index, loop=loop, chain=False)
 
-    def _admit(self, delivery: Delivery, owner: str) -> str | tuple[Envelope, Claim]:
+    def _admit(self, delivery: Delivery, owner: str) -> str | Step:
         """Validate and claim; every outcome but a claim is settled here."""
         if delivery.deliveries > 1:
             self.metrics.redeliveries.inc()
@@ -252,7 +296,7 @@ class Worker:
     def _execute(
         self,
         delivery: Delivery,
-        step: tuple[Envelope, Claim],
+        step: Step,
         *,
         owner: str,
         index: int,
@@ -268,22 +312,23 @@ class Worker:
             self._state.active[index] = item.session_id
         self._beat()
         try:
-            return self._run(delivery, item, claim.lease, loop, owner=owner, index=index, chain=chain)
+            outcome = self._run(item, claim.lease, loop)
         finally:
             with self._lock:
                 self._state.active.pop(index, None)
+        if outcome is None:
+            return self._fenced(delivery)
+        lane = self._lane(index)
+        if not lane.done:
+            lane.since = time.monotonic()
+        lane.done.append(_Done(delivery, *outcome))
+        fresh = time.monotonic() - lane.since < self.options.batch_budget_s
+        if chain and lane.claimed and fresh and not self.stopping.is_set():
+            return "pending"  # committed with the rest of the batch
+        return self._flush(lane, owner, chain=chain)
 
-    def _run(
-        self,
-        delivery: Delivery,
-        item: WorkItem,
-        lease: Any,
-        loop: asyncio.AbstractEventLoop,
-        *,
-        owner: str,
-        index: int,
-        chain: bool,
-    ) -> str:
+    def _run(self, item: WorkItem, lease: Lease, loop: asyncio.AbstractEventLoop) -> tuple[Lease, Outcome] | None:
+        """Run the handler under a lease guard; None when the lease was lost."""
         guard = LeaseGuard(
             self.store,
             lease,
@@ -296,66 +341,83 @@ class Worker:
         guard.stop()
         self.backpressure.record(outcome is not None and outcome.ok, time.monotonic() - started)
         if outcome is None or guard.lost:
-            return self._fenced(delivery)
-        try:
-            done = self._commit(delivery, guard.lease, outcome, owner=owner, index=index, chain=chain)
-        except LeaseLost:
-            return self._fenced(delivery)
-        label = {
-            Status.SUCCEEDED: "completed",
-            Status.READY: "retried",
-            Status.DEAD_LETTER: "dead_letter",
-        }.get(done.status, "failed")
-        self._count(label)
-        return label
+            return None
+        return guard.lease, outcome
 
-    def _commit(
-        self, delivery: Delivery, lease: Any, outcome: Outcome, *, owner: str, index: int, chain: bool
-    ) -> WorkItem:
-        """The fenced commit and the acknowledgement: one transaction on a
-        shared database, else commit first, then ack.
+    def _flush(self, lane: _Lane, owner: str, *, chain: bool = True) -> str:
+        """The fenced commits and acknowledgements of the lane's finished turns:
+        one durable transaction on a shared database, else each commit, then
+        its ack. Returns the label of the last turn.
 
-        On a shared database the same transaction also claims this thread's next
-        turn (one write and one fsync per turn instead of two). Should that
-        claim fail, the whole transaction rolls back and the commit and ack are
-        made again on their own: a claim never costs a commit."""
-        chain = (
-            chain
-            and self.transport.shared_database
-            and not self.stopping.is_set()
-            and not self.backpressure.claim_delay()
-        )
-        if chain:
+        On a shared database the same transaction also claims this thread's
+        next turns, as many as fast turns fit the batch budget (one write and
+        one fsync for the lot). Should a claim fail, the whole transaction
+        rolls back and the commits and acks are made again on their own: a
+        claim never costs a commit. A commit that fails is left to the lease:
+        its turn is delivered again."""
+        done, lane.done = lane.done, []
+        want = self._refill(lane) if chain else 0
+        if want:
             try:
                 with self.transport.atomic(durable=True):
-                    done = self.store.commit(lease, outcome)
-                    self.transport.ack(delivery)
-                    nxt = self._claim_chained(owner)
+                    labels = self._commit_all(done)
+                    claimed = self._claim_chained(owner, want)
             except _ChainFailed as failed:
-                log.warning("claiming the next turn with a commit failed (%s); committing alone", failed.__cause__)
+                log.warning("claiming the next turns with a commit failed (%s); committing alone", failed.__cause__)
             else:
-                if nxt is not None:
-                    self._chained[index] = nxt
-                return done
+                lane.claimed.extend(claimed)
+                return self._settle(labels)
         with self.transport.atomic(durable=True):
-            done = self.store.commit(lease, outcome)
-            self.transport.ack(delivery)
-        return done
+            labels = self._commit_all(done)
+        return self._settle(labels)
 
-    def _claim_chained(self, owner: str) -> tuple[Delivery, tuple[Envelope, Claim]] | None:
+    def _refill(self, lane: _Lane) -> int:
+        """How many turns to claim with the next commit (0: none)."""
+        if not self.transport.shared_database or self.stopping.is_set() or self.backpressure.claim_delay():
+            return 0
+        size = batch_size(
+            self.backpressure.mean_latency(), budget_s=self.options.batch_budget_s, cap=self.options.batch_max
+        )
+        return max(0, size - len(lane.claimed))
+
+    def _commit_all(self, done: list[_Done]) -> list[str]:
+        labels: list[str] = []
+        for d in done:
+            try:
+                item = self.store.commit(d.lease, d.outcome)
+            except LeaseLost:  # raised before the commit writes anything
+                self.transport.release(d.delivery, 0.0)
+                labels.append("fenced")
+                continue
+            self.transport.ack(d.delivery)
+            labels.append(_LABELS.get(item.status, "failed"))
+        return labels
+
+    def _settle(self, labels: list[str]) -> str:
+        for label in labels:
+            if label == "fenced":
+                self.metrics.lease_failures.inc()
+            self._count(label)
+        return labels[-1]
+
+    def _claim_chained(self, owner: str, want: int) -> list[tuple[Delivery, Step]]:
+        claimed: list[tuple[Delivery, Step]] = []
         try:
-            got = self.transport.get(owner, visibility_s=self.settings.claim_ttl_s, wait_s=0.0)
-            step = None if got is None else self._admit(got, owner)
-        except Exception as exc:  # whatever it was, the commit must not pay for it
+            for _ in range(want):
+                got = self.transport.get(owner, visibility_s=self.settings.claim_ttl_s, wait_s=0.0)
+                if got is None:
+                    break
+                step = self._admit(got, owner)
+                if not isinstance(step, str):
+                    claimed.append((got, step))
+        except Exception as exc:  # whatever it was, the commits must not pay for it
             raise _ChainFailed from exc
-        return None if got is None or step is None or isinstance(step, str) else (got, step)
+        return claimed
 
     def _fenced(self, delivery: Delivery) -> str:
         # Left for redelivery: the store decides what the next delivery finds.
-        self.metrics.lease_failures.inc()
         self.transport.release(delivery, 0.0)
-        self._count("fenced")
-        return "fenced"
+        return self._settle(["fenced"])
 
     def _call(self, item: WorkItem, guard: LeaseGuard, loop: asyncio.AbstractEventLoop) -> Outcome | None:
         fn = self.registry.get(item.kind)
