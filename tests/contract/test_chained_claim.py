@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from agentdispatch import Status, Submission
+from agentdispatch.envelope import Envelope
 from agentdispatch.errors import TaskQueueUnavailable
 from agentdispatch.handlers import builtins
 from agentdispatch.transports.base import Delivery
@@ -41,6 +42,12 @@ def _poll_until(worker: Worker, loop: asyncio.AbstractEventLoop, timeout: float 
     raise AssertionError("nothing was delivered")
 
 
+def _held(worker: Worker) -> int:
+    """Turns the claim thread 0 holds: claimed and not started, or finished and not committed."""
+    lane = worker._lanes.get(0)
+    return 0 if lane is None else len(lane.claimed) + len(lane.done)
+
+
 def _status(harness, job_id: str) -> Status:  # type: ignore[no-untyped-def]
     return harness.store.get(job_id, "t").status
 
@@ -55,11 +62,11 @@ def test_the_commit_claims_the_next_turn(harness, loop) -> None:  # type: ignore
     assert harness.transport.shared_database is (harness.transport.name != "kafka")
     if harness.transport.shared_database:
         # Claimed in the committing transaction: running already, no queue read left.
-        assert _status(harness, other) is Status.RUNNING and 0 in worker._chained
+        assert _status(harness, other) is Status.RUNNING and _held(worker) == 1
     else:
-        assert _status(harness, other) is Status.READY and not worker._chained
+        assert _status(harness, other) is Status.READY and not _held(worker)
     assert _poll_until(worker, loop) == "completed"
-    assert _status(harness, other) is Status.SUCCEEDED and not worker._chained
+    assert _status(harness, other) is Status.SUCCEEDED and not _held(worker)
 
 
 def test_a_failing_chained_claim_never_costs_the_commit(harness, loop, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -80,7 +87,7 @@ def test_a_failing_chained_claim_never_costs_the_commit(harness, loop, monkeypat
     assert _poll_until(worker, loop) == "completed"
     statuses = sorted(_status(harness, j).value for j in (a, b))
     # The first turn committed on its own; the second was not claimed.
-    assert statuses == ["ready", "succeeded"] and not worker._chained
+    assert statuses == ["ready", "succeeded"] and not _held(worker)
     monkeypatch.setattr(harness.transport, "get", real_get)
     assert _poll_until(worker, loop) == "completed"
     assert {_status(harness, j) for j in (a, b)} == {Status.SUCCEEDED}
@@ -94,7 +101,7 @@ def test_a_chained_turn_runs_when_the_worker_stops(harness, loop) -> None:  # ty
     worker._claim_loop(0)  # returns once nothing is claimed by this thread
     expected = Status.SUCCEEDED if harness.transport.shared_database else Status.READY
     assert sorted(_status(harness, j).value for j in (a, b)) == sorted(["succeeded", expected.value])
-    assert not worker._chained
+    assert not _held(worker)
 
 
 def test_process_handles_one_delivery_and_claims_nothing_else(harness, loop) -> None:  # type: ignore[no-untyped-def]
@@ -108,4 +115,77 @@ def test_process_handles_one_delivery_and_claims_nothing_else(harness, loop) -> 
     assert worker.process(delivery, owner="t:0", index=0, loop=loop) == "completed"
     # One succeeded; the other is still queued for any claimant, not held by this worker.
     assert sorted(_status(harness, j).value for j in (a, b)) == ["ready", "succeeded"]
-    assert not worker._chained
+    assert not _held(worker)
+
+
+def _fast_worker(harness, batch_max: int) -> Worker:  # type: ignore[no-untyped-def]
+    """A worker that has seen fast turns, so it batches up to ``batch_max``."""
+    worker = harness.worker(builtins(), threads=1, batch_max=batch_max, batch_budget_s=5.0)
+    for _ in range(10):
+        worker.backpressure.record(True, 0.0001)
+    return worker
+
+
+def _submit(harness, n: int) -> list[str]:  # type: ignore[no-untyped-def]
+    d = harness.dispatcher()
+    subs = [Submission(kind="echo", payload={"n": i}, tenant="t", session_id=f"s{i}") for i in range(n)]
+    return [h.job_id for h in d.submit_many(subs)]
+
+
+def _census(harness, ids: list[str]) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    out: dict[str, int] = {}
+    for j in ids:
+        out[_status(harness, j).value] = out.get(_status(harness, j).value, 0) + 1
+    return out
+
+
+def test_fast_turns_are_claimed_and_committed_in_batches(harness, loop) -> None:  # type: ignore[no-untyped-def]
+    ids = _submit(harness, 10)
+    worker = _fast_worker(harness, batch_max=4)
+    assert _poll_until(worker, loop) == "completed"
+    if not harness.transport.shared_database:
+        # Kafka: every turn is committed, then acknowledged, on its own.
+        assert not _held(worker) and _census(harness, ids) == {"succeeded": 1, "ready": 9}
+        return
+    # The commit of the first turn claimed the next four: running under their leases.
+    assert _held(worker) == 4 and _census(harness, ids) == {"succeeded": 1, "running": 4, "ready": 5}
+    assert [worker.poll("t:0", 0, loop) for _ in range(3)] == ["pending"] * 3
+    # Finished, not committed yet: nothing observable has changed.
+    assert _census(harness, ids) == {"succeeded": 1, "running": 4, "ready": 5}
+    assert worker.poll("t:0", 0, loop) == "completed"
+    # One transaction committed the four and claimed the next (up to) four.
+    assert _census(harness, ids) == {"succeeded": 5, "running": 4, "ready": 1}
+    while _census(harness, ids) != {"succeeded": 10}:
+        _poll_until(worker, loop)
+    assert not _held(worker)
+
+
+def test_a_fenced_turn_in_a_batch_costs_the_others_nothing(harness, loop) -> None:  # type: ignore[no-untyped-def]
+    ids = _submit(harness, 6)
+    worker = _fast_worker(harness, batch_max=4)
+    assert _poll_until(worker, loop) == "completed"
+    if not harness.transport.shared_database:
+        assert not _held(worker)
+        return
+    lane = worker._lanes[0]
+    victim = Envelope.from_json(lane.claimed[1][0].raw).job_id
+    harness.dispatcher().cancel(victim, "t")  # fences the claimed, not yet started turn
+    labels = [worker.poll("t:0", 0, loop) for _ in range(4)]
+    assert labels[-1] == "completed" and "fenced" not in labels[:3]
+    assert _status(harness, victim) is Status.CANCELLED
+    others = [j for j in ids if j != victim]
+    # The first turn and the three other batch members committed; one left to claim.
+    assert _census(harness, others).get("succeeded") == 4
+    assert worker.metrics.lease_failures._value.get() == 1
+
+
+def test_a_slow_handler_is_never_batched(harness, loop) -> None:  # type: ignore[no-untyped-def]
+    ids = _submit(harness, 3)
+    worker = harness.worker(builtins(), threads=1, batch_max=16, batch_budget_s=0.01)
+    for _ in range(10):
+        worker.backpressure.record(True, 0.5)  # turns of half a second: one per commit
+    assert _poll_until(worker, loop) == "completed"
+    expected = 1 if harness.transport.shared_database else 0
+    assert _held(worker) == expected
+    while _census(harness, ids) != {"succeeded": 3}:
+        _poll_until(worker, loop)

@@ -6,7 +6,15 @@ import random
 
 import pytest
 
-from agentdispatch.policy import LEASE_RTO_S, Backpressure, backoff_delay, opaque_ref, renew_every, sweep_every
+from agentdispatch.policy import (
+    LEASE_RTO_S,
+    Backpressure,
+    backoff_delay,
+    batch_size,
+    opaque_ref,
+    renew_every,
+    sweep_every,
+)
 
 
 @pytest.mark.parametrize("attempt", range(1, 15))
@@ -160,3 +168,25 @@ def test_backpressure_is_safe_across_claim_threads():
     for _ in range(25):
         bp_fail.record(False, 0.0)
     assert bp_fail.claim_delay() == bp_fail.max_delay_s  # sums stay exact after evictions
+
+
+def test_batch_size_fills_the_budget_within_bounds() -> None:
+    assert batch_size(None, budget_s=0.01, cap=16) == 1  # unknown: one at a time
+    assert batch_size(0.0001, budget_s=0.01, cap=16) == 16  # fast: capped
+    assert batch_size(0.002, budget_s=0.01, cap=16) == 5  # 5 x 2 ms fit 10 ms
+    assert batch_size(0.5, budget_s=0.01, cap=16) == 1  # slow: never held back
+    assert batch_size(0.0, budget_s=0.01, cap=16) == 16
+    assert batch_size(0.0001, budget_s=0.0, cap=16) == 1  # batching off
+    assert batch_size(0.0001, budget_s=0.01, cap=1) == 1
+
+
+def test_backpressure_mean_latency_needs_a_window() -> None:
+    bp = Backpressure(window=20)
+    for _ in range(9):
+        bp.record(True, 0.004)
+    assert bp.mean_latency() is None
+    bp.record(True, 0.004)
+    assert bp.mean_latency() == pytest.approx(0.004)
+    for _ in range(20):
+        bp.record(True, 0.002)  # the window forgets the older turns
+    assert bp.mean_latency() == pytest.approx(0.002)
