@@ -235,8 +235,7 @@ class Worker:
         On a shared database the delivery and the claim are one transaction."""
         lane = self._lane(index)
         if lane.claimed:
-            delivery, step = lane.claimed.popleft()
-            return self._execute(delivery, step, owner=owner, index=index, loop=loop)
+            return self._execute(*lane.claimed.popleft(), owner=owner, index=index, loop=loop)
         if lane.done:
             return self._flush(lane, owner)
         got = self._get_and_claim(owner)
