@@ -143,7 +143,7 @@ def server_cpu_s() -> float | None:
 
 
 def drain_worker(
-    uri: str, threads: int, turns: int, stop: Any = None, out: Any = None
+    uri: str, threads: int, turns: int, stop: Any = None, out: Any = None, batch_max: int = 16
 ) -> tuple[float, dict[str, float], dict[str, int], int, float]:
     """Run a Worker until ``stop`` is set (a process of a fleet) or until
     ``turns`` turns succeeded; returns (seconds, timers, calls, statements, cpu)."""
@@ -159,7 +159,7 @@ def drain_worker(
         store,
         transport,
         builtins(),
-        options=WorkerOptions(threads=threads, get_wait_s=0.2, reconcile=False),
+        options=WorkerOptions(threads=threads, get_wait_s=0.2, reconcile=False, batch_max=batch_max),
     )
     cpu0, t0 = cpu_s(), time.perf_counter()
     worker.start()
@@ -192,11 +192,13 @@ def fresh_backlog(uri: str, turns: int, batch: int) -> float:
     return took
 
 
-def drain_fleet(uri: str, procs: int, turns: int) -> tuple[float, dict[str, float], dict[str, int], int, float]:
+def drain_fleet(
+    uri: str, procs: int, turns: int, batch_max: int
+) -> tuple[float, dict[str, float], dict[str, int], int, float]:
     """``procs`` worker processes (one claim thread each) drain the backlog."""
     ctx = mp.get_context("spawn")
     stop, out = ctx.Event(), ctx.Queue()
-    fleet = [ctx.Process(target=drain_worker, args=(uri, 1, turns, stop, out)) for _ in range(procs)]
+    fleet = [ctx.Process(target=drain_worker, args=(uri, 1, turns, stop, out, batch_max)) for _ in range(procs)]
     for p in fleet:
         p.start()
     first: tuple[float, int] | None = None
@@ -286,7 +288,7 @@ def breakdown(
         )
 
 
-def bench_submit_and_drain(turns: int, batch: int, threads: int, procs: int) -> None:
+def bench_submit_and_drain(turns: int, batch: int, threads: int, procs: int, batch_max: int) -> None:
     with schema() as (_name, uri):
         submit_s = fresh_backlog(uri, turns, batch)
         print(
@@ -294,7 +296,7 @@ def bench_submit_and_drain(turns: int, batch: int, threads: int, procs: int) -> 
             f"({turns / submit_s:,.0f}/s; target < 2 s for 10,000)"
         )
         server0 = server_cpu_s()
-        took, totals, calls, stmts, cpu = drain_worker(uri, threads, turns)
+        took, totals, calls, stmts, cpu = drain_worker(uri, threads, turns, batch_max=batch_max)
         server = _delta(server0, server_cpu_s())
     ours_t = turns / took
     bare0 = server_cpu_s()
@@ -308,7 +310,7 @@ def bench_submit_and_drain(turns: int, batch: int, threads: int, procs: int) -> 
     with schema() as (_name, uri):
         fresh_backlog(uri, turns, batch)
         server0 = server_cpu_s()
-        took, totals, calls, stmts, cpu = drain_fleet(uri, procs, turns)
+        took, totals, calls, stmts, cpu = drain_fleet(uri, procs, turns, batch_max)
         server = _delta(server0, server_cpu_s())
     ours_p = turns / took
     bare0 = server_cpu_s()
@@ -544,10 +546,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--samples", type=int, default=2_000)
     p.add_argument("--rate", type=float, default=100.0)
     p.add_argument("--dispatch-count", type=int, default=500)
+    p.add_argument("--batch-max", type=int, default=16, help="WorkerOptions.batch_max (1: a commit per turn)")
+    p.add_argument("--skip-dispatch", action="store_true", help="skip the dispatch latency runs")
     args = p.parse_args(argv)
-    bench_submit_and_drain(args.turns, args.batch, args.threads, args.procs)
+    bench_submit_and_drain(args.turns, args.batch, args.threads, args.procs, args.batch_max)
     if not args.skip_big:
         bench_claim_latency(args.big, args.samples)
+    if args.skip_dispatch:
+        return
     bare = bare_dispatch_latency(args.rate, args.dispatch_count)
     bench_dispatch_latency(args.rate, args.dispatch_count, args.threads, separate=False, bare=bare)
     bench_dispatch_latency(args.rate, args.dispatch_count, args.threads, separate=True, bare=bare)

@@ -108,12 +108,16 @@ def _succeeded(data_dir: Path) -> int:
         conn.close()
 
 
-def bench_drain_threads(data_dir: Path, turns: int, threads: int) -> float:
+def bench_drain_threads(data_dir: Path, turns: int, threads: int, batch_max: int = 16) -> float:
     """Seconds for one in-process Worker with ``threads`` threads to drain the queue."""
     settings = _settings(data_dir)
     store, transport = open_backends(settings)
     worker = Worker(
-        settings, store, transport, builtins(), options=WorkerOptions(threads=threads, get_wait_s=0.05, grace_s=10)
+        settings,
+        store,
+        transport,
+        builtins(),
+        options=WorkerOptions(threads=threads, get_wait_s=0.05, grace_s=10, batch_max=batch_max),
     )
     worker.preflight()
 
@@ -310,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=0, help="spread turns over this many sessions (0 = one each)")
     parser.add_argument("--dir", type=Path, default=None, help="where to put the files (default: a temp dir)")
     parser.add_argument("--profile", action="store_true", help="also cProfile one claim loop")
+    parser.add_argument("--batch-max", type=int, default=16, help="WorkerOptions.batch_max (1: a commit per turn)")
     parser.add_argument("--top", type=int, default=25, help="profile entries to print")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -324,7 +329,9 @@ def main(argv: list[str] | None = None) -> int:
             shape = f"{args.procs} procs x {args.threads} threads"
             bare_threads = args.procs * args.threads
         else:
-            t_ours = io_.measure("ours", args.turns, lambda: bench_drain_threads(ours_dir, args.turns, args.threads))
+            t_ours = io_.measure(
+                "ours", args.turns, lambda: bench_drain_threads(ours_dir, args.turns, args.threads, args.batch_max)
+            )
             shape = f"{args.threads} threads"
             bare_threads = args.threads
         t_full = io_.measure(
