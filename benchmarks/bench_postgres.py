@@ -546,7 +546,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--samples", type=int, default=2_000)
     p.add_argument("--rate", type=float, default=100.0)
     p.add_argument("--dispatch-count", type=int, default=500)
-    p.add_argument("--batch-max", type=int, default=16, help="WorkerOptions.batch_max (1: a commit per turn)")
+    p.add_argument("--batch-max", type=int, default=32, help="WorkerOptions.batch_max (1: a commit per turn)")
     p.add_argument("--skip-dispatch", action="store_true", help="skip the dispatch latency runs")
     args = p.parse_args(argv)
     bench_submit_and_drain(args.turns, args.batch, args.threads, args.procs, args.batch_max)

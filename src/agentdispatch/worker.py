@@ -45,10 +45,10 @@ class WorkerOptions:
     reconcile: bool = True
     #: On a shared database a claim thread takes up to this many turns per
     #: commit transaction while turns are fast (one fsync for all of them)...
-    batch_max: int = 16
+    batch_max: int = 32
     #: ...as many as run within this budget, which also bounds how long a
     #: finished turn waits for its commit (and a claimed one for its start).
-    batch_budget_s: float = 0.01
+    batch_budget_s: float = 0.025
 
 
 _LABELS = {Status.SUCCEEDED: "completed", Status.READY: "retried", Status.DEAD_LETTER: "dead_letter"}
