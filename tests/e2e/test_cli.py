@@ -228,6 +228,7 @@ BAD_INPUT: list[tuple[str, list[str], dict[str, str], str | None]] = [
     ("text-renew", ["jobs"], {"AGENT_DISPATCH_RENEW_INTERVAL_S": "soon"}, "AGENT_DISPATCH_RENEW_INTERVAL_S"),
     ("renew-over-ttl", ["jobs"], {"AGENT_DISPATCH_RENEW_INTERVAL_S": "200"}, "AGENT_DISPATCH_RENEW_INTERVAL_S"),
     ("unknown-backend", ["submit", "echo"], {"TASK_QUEUE_BACKEND": "redis"}, "TASK_QUEUE_BACKEND"),
+    ("zero-batch", ["worker", "--batch", "0"], {}, "--batch"),
 ]
 
 

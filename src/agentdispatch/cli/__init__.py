@@ -11,9 +11,10 @@ import click
 
 from ..errors import AgentDispatchError, ConfigError, TaskQueueUnavailable
 from .app import App
+from .usage import OneLineGroup
 
 
-class Group(click.Group):
+class Group(OneLineGroup):
     """Turns our errors into one clear line and a non-zero exit code."""
 
     def invoke(self, ctx: click.Context) -> Any:

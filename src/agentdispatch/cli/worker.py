@@ -12,6 +12,7 @@ import click
 from ..errors import AgentDispatchError, TaskQueueUnavailable
 from ..worker import Worker, WorkerOptions
 from .app import App
+from .usage import OneLineCommand
 
 WORKERS = click.option(
     "--workers", "-w", type=click.IntRange(1, 256), default=1, show_default=True, help="Worker threads."
@@ -21,16 +22,26 @@ GRACE = click.option(
     "--grace", type=float, default=30.0, show_default=True, help="Seconds running turns get after SIGTERM."
 )
 METRICS = click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
+BATCH = click.option(
+    "--batch",
+    type=click.IntRange(1, 256),
+    default=WorkerOptions.batch_max,
+    show_default=True,
+    help="Turns a claim thread runs per commit at most, while turns are fast (1: a commit per turn).",
+)
 
 
-def run_worker(obj: App, workers: int, app_spec: str | None, grace: float, metrics_port: int | None) -> None:
+def run_worker(
+    obj: App, workers: int, app_spec: str | None, grace: float, metrics_port: int | None, batch: int
+) -> None:
     """Preflight (exit 2 on failure), then run until SIGTERM/SIGINT."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     obj.app_spec = app_spec
     try:
         settings = obj.settings
         store, transport = obj.backends
-        worker = Worker(settings, store, transport, obj.registry, options=WorkerOptions(threads=workers, grace_s=grace))
+        options = WorkerOptions(threads=workers, grace_s=grace, batch_max=batch)
+        worker = Worker(settings, store, transport, obj.registry, options=options)
         worker.preflight()
     except TaskQueueUnavailable as exc:
         click.echo(
@@ -65,21 +76,25 @@ def register(main: click.Group) -> None:
     @APP
     @GRACE
     @METRICS
+    @BATCH
     @click.pass_obj
-    def worker(obj: App, workers: int, app_spec: str | None, grace: float, metrics_port: int | None) -> None:
+    def worker(
+        obj: App, workers: int, app_spec: str | None, grace: float, metrics_port: int | None, batch: int
+    ) -> None:
         """Run worker threads until SIGTERM/SIGINT."""
-        run_worker(obj, workers, app_spec, grace, metrics_port)
+        run_worker(obj, workers, app_spec, grace, metrics_port, batch)
 
 
-@click.command()
+@click.command(cls=OneLineCommand)
 @WORKERS
 @APP
 @GRACE
 @METRICS
-def worker_main(workers: int, app_spec: str | None, grace: float, metrics_port: int | None) -> None:
+@BATCH
+def worker_main(workers: int, app_spec: str | None, grace: float, metrics_port: int | None, batch: int) -> None:
     """agent-dispatch-worker: run worker threads until SIGTERM/SIGINT."""
     try:
-        run_worker(App(), workers, app_spec, grace, metrics_port)
+        run_worker(App(), workers, app_spec, grace, metrics_port, batch)
     except AgentDispatchError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
