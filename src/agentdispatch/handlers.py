@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError
+from .errors import ConfigError, EffectUnknown, LeaseLost, NonRetryableError
+from .lease import jsonable
+from .workitem import Outcome, WorkItem
 
 if TYPE_CHECKING:
     from .lease import LeaseGuard
@@ -79,6 +81,36 @@ def run_handler(fn: Handler, turn: Turn, guard: LeaseGuard, loop: asyncio.Abstra
     if inspect.isawaitable(result):
         return loop.run_until_complete(result)
     return result
+
+
+def outcome_of(
+    registry: Registry, item: WorkItem, guard: LeaseGuard, loop: asyncio.AbstractEventLoop
+) -> Outcome | None:
+    """Run the item's handler: its result or its failure as an :class:`Outcome`
+    (an unknown kind fails for good), or None when the lease was lost."""
+    fn = registry.get(item.kind)
+    if fn is None:
+        return Outcome(ok=False, error=f"unknown kind {item.kind!r}: no handler registered", retryable=False)
+    turn = Turn(
+        job_id=item.id,
+        session_id=item.session_id,
+        tenant=item.tenant,
+        kind=item.kind,
+        payload=item.payload,
+        attempt=item.attempt,
+        agent_name=item.agent_name,
+        deadline_unix=item.deadline_unix,
+    )
+    try:
+        return Outcome(ok=True, result=jsonable(run_handler(fn, turn, guard, loop)))
+    except LeaseLost:
+        return None
+    except EffectUnknown as exc:
+        return Outcome(ok=False, error=str(exc), retryable=False, dead_letter_reason="effect_unknown")
+    except NonRetryableError as exc:
+        return Outcome(ok=False, error=str(exc) or "non-retryable failure", retryable=False)
+    except Exception as exc:  # a handler's failure is data, not a crash
+        return Outcome(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], retryable=True)
 
 
 def echo(turn: Turn, guard: LeaseGuard) -> Any:

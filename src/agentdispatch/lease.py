@@ -118,11 +118,12 @@ class LeaseGuard:
             except BaseException:
                 self.store.effect_end(self.lease, key, ok=False, result=None)
                 raise
-            self.store.effect_end(self.lease, key, ok=True, result=_jsonable(result))
+            self.store.effect_end(self.lease, key, ok=True, result=jsonable(result))
             return result
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """``value`` when JSON can hold it, else its repr (results are stored as JSON)."""
     import json
 
     try:

@@ -7,29 +7,27 @@ import contextlib
 import logging
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from .envelope import Envelope
 from .errors import (
     AgentDispatchError,
-    EffectUnknown,
     InvalidEnvelope,
     LeaseLost,
-    NonRetryableError,
     TaskQueueUnavailable,
 )
 from .fleet import host_label, new_worker_id
-from .handlers import Registry, Turn, run_handler
-from .lease import LeaseGuard, Renewer, _jsonable
+from .handlers import Registry, outcome_of
+from .lanes import LABELS, Finished, Lane, Step
+from .lease import LeaseGuard, Renewer
 from .metrics import Metrics
 from .policy import Backpressure, batch_size
 from .reconciler import Reconciler
 from .settings import Settings
-from .stores.base import Claim, ClaimKind, Store, WorkerRow
+from .stores.base import ClaimKind, Store, WorkerRow
 from .transports.base import Delivery, Transport
-from .workitem import Lease, Outcome, Status, WorkItem
+from .workitem import Lease, Outcome, WorkItem
 
 log = logging.getLogger("agentdispatch.worker")
 
@@ -49,30 +47,6 @@ class WorkerOptions:
     #: ...as many as run within this budget, which also bounds how long a
     #: finished turn waits for its commit (and a claimed one for its start).
     batch_budget_s: float = 0.025
-
-
-_LABELS = {Status.SUCCEEDED: "completed", Status.READY: "retried", Status.DEAD_LETTER: "dead_letter"}
-
-Step = tuple[Envelope, Claim]
-
-
-@dataclass(frozen=True)
-class _Done:
-    """A turn whose handler finished, waiting for its fenced commit."""
-
-    delivery: Delivery
-    lease: Lease
-    outcome: Outcome
-
-
-@dataclass
-class _Lane:
-    """One claim thread's turns: claimed and not started yet (each already
-    running under its lease), and finished ones not committed yet."""
-
-    claimed: deque[tuple[Delivery, Step]] = field(default_factory=deque)
-    done: list[_Done] = field(default_factory=list)
-    since: float = 0.0  # when the oldest finished turn finished (monotonic)
 
 
 @dataclass
@@ -111,7 +85,7 @@ class Worker:
         self.renewer = Renewer()
         # Per claim thread: turns claimed in the transaction that committed the
         # previous ones, and finished turns waiting for that commit (see _flush).
-        self._lanes: dict[int, _Lane] = {}
+        self._lanes: dict[int, Lane] = {}
         self._counters: dict[str, Any] = {}  # turns counter per outcome label
 
     # -- lifecycle ----------------------------------------------------------
@@ -189,10 +163,10 @@ class Worker:
                 pass
 
     # -- the claim loop -----------------------------------------------------
-    def _lane(self, index: int) -> _Lane:
+    def _lane(self, index: int) -> Lane:
         lane = self._lanes.get(index)
         if lane is None:
-            lane = self._lanes[index] = _Lane()
+            lane = self._lanes[index] = Lane()
         return lane
 
     def _claim_loop(self, index: int) -> None:
@@ -235,6 +209,7 @@ class Worker:
         On a shared database the delivery and the claim are one transaction."""
         lane = self._lane(index)
         if lane.claimed:
+            lane.step(time.monotonic(), chained=True)
             return self._execute(*lane.claimed.popleft(), owner=owner, index=index, loop=loop)
         if lane.done:
             return self._flush(lane, owner)
@@ -251,7 +226,10 @@ class Worker:
                 return None
             got = (delivery, self._admit(delivery, owner))
         delivery, step = got
-        return step if isinstance(step, str) else self._execute(delivery, step, owner=owner, index=index, loop=loop)
+        if isinstance(step, str):
+            return step
+        lane.step(time.monotonic(), chained=False)
+        return self._execute(delivery, step, owner=owner, index=index, loop=loop)
 
     def _get_and_claim(self, owner: str) -> tuple[Delivery, str | Step] | None:
         """Get a delivery and settle or claim it, in one transaction on a
@@ -320,7 +298,7 @@ class Worker:
         lane = self._lane(index)
         if not lane.done:
             lane.since = time.monotonic()
-        lane.done.append(_Done(delivery, *outcome))
+        lane.done.append(Finished(delivery, *outcome))
         fresh = time.monotonic() - lane.since < self.options.batch_budget_s
         if chain and lane.claimed and fresh and not self.stopping.is_set():
             return "pending"  # committed with the rest of the batch
@@ -336,50 +314,59 @@ class Worker:
             renewer=self.renewer,
         ).start()
         started = time.monotonic()
-        outcome = self._call(item, guard, loop)
+        outcome = outcome_of(self.registry, item, guard, loop)
         guard.stop()
         self.backpressure.record(outcome is not None and outcome.ok, time.monotonic() - started)
         if outcome is None or guard.lost:
             return None
         return guard.lease, outcome
 
-    def _flush(self, lane: _Lane, owner: str, *, chain: bool = True) -> str:
+    def _flush(self, lane: Lane, owner: str, *, chain: bool = True) -> str:
         """The fenced commits and acknowledgements of the lane's finished turns:
         one durable transaction on a shared database, else each commit, then
         its ack. Returns the label of the last turn.
 
         On a shared database the same transaction also claims this thread's
-        next turns, as many as fast turns fit the batch budget (one write and
-        one fsync for the lot). Should a claim fail, the whole transaction
-        rolls back and the commits and acks are made again on their own: a
-        claim never costs a commit. A commit that fails is left to the lease:
-        its turn is delivered again."""
+        next turns (up to the transport's ``claims_with_commit``; the rest of
+        a batch is claimed in short transactions of its own), as many as fast
+        turns fit the batch budget: one write and one fsync for the lot.
+        Should a claim fail, the whole transaction rolls back and the commits
+        and acks are made again on their own: a claim never costs a commit. A
+        commit that fails is left to the lease: its turn is delivered again."""
         done, lane.done = lane.done, []
         want = self._refill(lane) if chain else 0
-        if want:
+        ride = min(want, self.transport.claims_with_commit)
+        claimed: list[tuple[Delivery, Step]] = []
+        labels: list[str] | None = None
+        if ride:
             try:
                 with self.transport.atomic(durable=True):
                     labels = self._commit_all(done)
-                    claimed = self._claim_chained(owner, want)
+                    claimed, dry = self._claim_chained(owner, ride)
             except _ChainFailed as failed:
                 log.warning("claiming the next turns with a commit failed (%s); committing alone", failed.__cause__)
-            else:
-                lane.claimed.extend(claimed)
-                return self._settle(labels)
-        with self.transport.atomic(durable=True):
-            labels = self._commit_all(done)
-        return self._settle(labels)
+                labels, want = None, 0
+        if labels is None:
+            with self.transport.atomic(durable=True):
+                labels = self._commit_all(done)
+            dry = False
+        label = self._settle(labels)
+        lane.claimed.extend(claimed)
+        if want > ride and not dry:
+            lane.claimed.extend(self._claim_alone(owner, want - ride))
+        return label
 
-    def _refill(self, lane: _Lane) -> int:
+    def _refill(self, lane: Lane) -> int:
         """How many turns to claim with the next commit (0: none)."""
         if not self.transport.shared_database or self.stopping.is_set() or self.backpressure.claim_delay():
             return 0
-        size = batch_size(
-            self.backpressure.mean_latency(), budget_s=self.options.batch_budget_s, cap=self.options.batch_max
-        )
+        turn_s = self.backpressure.mean_latency()
+        if turn_s is not None and lane.pace is not None:
+            turn_s = max(turn_s, lane.pace)
+        size = batch_size(turn_s, budget_s=self.options.batch_budget_s, cap=self.options.batch_max)
         return max(0, size - len(lane.claimed))
 
-    def _commit_all(self, done: list[_Done]) -> list[str]:
+    def _commit_all(self, done: list[Finished]) -> list[str]:
         labels: list[str] = []
         for d in done:
             try:
@@ -389,7 +376,7 @@ class Worker:
                 labels.append("fenced")
                 continue
             self.transport.ack(d.delivery)
-            labels.append(_LABELS.get(item.status, "failed"))
+            labels.append(LABELS.get(item.status, "failed"))
         return labels
 
     def _settle(self, labels: list[str]) -> str:
@@ -399,49 +386,42 @@ class Worker:
             self._count(label)
         return labels[-1]
 
-    def _claim_chained(self, owner: str, want: int) -> list[tuple[Delivery, Step]]:
+    def _claim_alone(self, owner: str, want: int) -> list[tuple[Delivery, Step]]:
+        """Claim up to ``want`` turns, each in a short transaction of its own."""
+        claimed: list[tuple[Delivery, Step]] = []
+        for _ in range(want):
+            try:
+                got = self._get_and_claim(owner)
+            except AgentDispatchError as exc:  # keep what was claimed; the loop goes on
+                log.warning("claiming the next turns failed: %s", exc)
+                break
+            if got is None:
+                break
+            delivery, step = got
+            if not isinstance(step, str):
+                claimed.append((delivery, step))
+        return claimed
+
+    def _claim_chained(self, owner: str, want: int) -> tuple[list[tuple[Delivery, Step]], bool]:
+        """Up to ``want`` claims inside the open transaction; and whether the
+        queue ran dry (nothing more to claim now)."""
         claimed: list[tuple[Delivery, Step]] = []
         try:
             for _ in range(want):
                 got = self.transport.get(owner, visibility_s=self.settings.claim_ttl_s, wait_s=0.0)
                 if got is None:
-                    break
+                    return claimed, True
                 step = self._admit(got, owner)
                 if not isinstance(step, str):
                     claimed.append((got, step))
         except Exception as exc:  # whatever it was, the commits must not pay for it
             raise _ChainFailed from exc
-        return claimed
+        return claimed, False
 
     def _fenced(self, delivery: Delivery) -> str:
         # Left for redelivery: the store decides what the next delivery finds.
         self.transport.release(delivery, 0.0)
         return self._settle(["fenced"])
-
-    def _call(self, item: WorkItem, guard: LeaseGuard, loop: asyncio.AbstractEventLoop) -> Outcome | None:
-        fn = self.registry.get(item.kind)
-        if fn is None:
-            return Outcome(ok=False, error=f"unknown kind {item.kind!r}: no handler registered", retryable=False)
-        turn = Turn(
-            job_id=item.id,
-            session_id=item.session_id,
-            tenant=item.tenant,
-            kind=item.kind,
-            payload=item.payload,
-            attempt=item.attempt,
-            agent_name=item.agent_name,
-            deadline_unix=item.deadline_unix,
-        )
-        try:
-            return Outcome(ok=True, result=_jsonable(run_handler(fn, turn, guard, loop)))
-        except LeaseLost:
-            return None
-        except EffectUnknown as exc:
-            return Outcome(ok=False, error=str(exc), retryable=False, dead_letter_reason="effect_unknown")
-        except NonRetryableError as exc:
-            return Outcome(ok=False, error=str(exc) or "non-retryable failure", retryable=False)
-        except Exception as exc:  # a handler's failure is data, not a crash
-            return Outcome(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], retryable=True)
 
 
 class _ChainFailed(Exception):

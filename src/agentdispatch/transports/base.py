@@ -39,6 +39,12 @@ class Transport(Protocol):
     #: Whether the queue lives in the store's database, so that one transaction
     #: can commit a turn, acknowledge it and claim the next.
     shared_database: bool
+    #: How many of a thread's next claims may ride in the transaction that
+    #: commits its finished turns (the rest are claimed in short transactions
+    #: of their own). Small where a claim marks shared fairness rows: a long
+    #: transaction would hold those marks back from the other claimants, which
+    #: would then keep serving the same tenant.
+    claims_with_commit: int
 
     def ping(self) -> None:
         """Raise :class:`TaskQueueUnavailable` unless the transport answers."""

@@ -51,6 +51,7 @@ class KafkaTransport:
 
     name = "kafka"
     shared_database = False
+    claims_with_commit = 0
 
     def __init__(
         self,

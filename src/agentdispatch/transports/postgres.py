@@ -126,6 +126,7 @@ class PostgresTransport:
     name = "postgres"
     redeliver_after_s = 1.0
     shared_database = True
+    claims_with_commit = 1  # the fair claim marks tenant and group rows
 
     def __init__(
         self, store: Store, *, poll_s: float = 0.25, fallback_poll_s: float = 0.05, listen: bool = True

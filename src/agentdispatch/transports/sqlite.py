@@ -26,6 +26,7 @@ class SqliteTransport:
     name = "sqlite"
     redeliver_after_s = 1.0
     shared_database = True
+    claims_with_commit = 1_000  # first come, first served: no fairness rows
 
     def __init__(self, db: SqliteDb, *, poll_s: float = 0.05) -> None:
         self.db = db

@@ -1,0 +1,49 @@
+"""A claim thread's lane: the turns it claimed and has not started yet, and
+the finished ones whose batch has not been committed yet (pure bookkeeping)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .envelope import Envelope
+from .stores.base import Claim
+from .transports.base import Delivery
+from .workitem import Lease, Outcome, Status
+
+#: The turns counter's label for where a commit left an item.
+LABELS = {Status.SUCCEEDED: "completed", Status.READY: "retried", Status.DEAD_LETTER: "dead_letter"}
+
+#: A claimed turn: its envelope and the claim (item and lease).
+Step = tuple[Envelope, Claim]
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A turn whose handler finished, waiting for its fenced commit."""
+
+    delivery: Delivery
+    lease: Lease
+    outcome: Outcome
+
+
+@dataclass
+class Lane:
+    """One claim thread's turns: claimed and not started yet (each already
+    running under its lease), and finished ones not committed yet."""
+
+    claimed: deque[tuple[Delivery, Step]] = field(default_factory=deque)
+    done: list[Finished] = field(default_factory=list)
+    since: float = 0.0  # when the oldest finished turn finished (monotonic)
+    #: Wall seconds per turn while turns follow each other in this lane, every
+    #: cost included (claims, commits, handler): what sizes the next batch so
+    #: that a claimed turn starts within the budget.
+    pace: float | None = None
+    mark: float = 0.0  # when the last turn started (0: the lane was idle)
+
+    def step(self, now: float, *, chained: bool) -> None:
+        """A turn starts now; ``chained``: straight after the previous one."""
+        if chained and self.mark:
+            sample = now - self.mark
+            self.pace = sample if self.pace is None else self.pace * 0.8 + sample * 0.2
+        self.mark = now
