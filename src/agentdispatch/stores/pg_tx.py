@@ -210,7 +210,7 @@ class PostgresTx:
             agent_name=item.agent_name,
             payload=dumps(item.payload),
             priority=item.priority,
-            dependencies=dumps(list(item.dependencies)),
+            dependencies=dumps(list(item.dependencies)) if item.dependencies else "[]",
             deadline_unix=item.deadline_unix,
             created_at=item.created_at,
         )

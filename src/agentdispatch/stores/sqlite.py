@@ -8,8 +8,6 @@ import secrets
 import sqlite3
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from itertools import groupby
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +54,20 @@ class SqliteTx:
         self._pending = []
 
     def flush(self) -> None:
-        """Write every buffered row, consecutive rows of one statement at once."""
+        """Write every buffered row: one ``executemany`` per statement, the
+        statements in the order each was first called, the rows in call order.
+        A submit calls insert, event, (save,) enqueue for each item in turn, so
+        every item's insert still precedes its save, and event ids keep the
+        order of the calls (grouping only consecutive rows ran one statement
+        per row)."""
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        for sql, group in groupby(pending, key=itemgetter(0)):
-            self.c.executemany(sql, [params for _sql, params in group])
+        groups: dict[str, list[Any]] = {}
+        for sql, params in pending:
+            groups.setdefault(sql, []).append(params)
+        for sql, rows in groups.items():
+            self.c.executemany(sql, rows)
 
     def _write(self, sql: str, params: Any) -> None:
         if self._pending is None:
@@ -117,7 +123,7 @@ class SqliteTx:
             agent_name=item.agent_name,
             payload=dumps(item.payload),
             priority=item.priority,
-            dependencies=dumps(list(item.dependencies)),
+            dependencies=dumps(list(item.dependencies)) if item.dependencies else "[]",
             deadline_unix=item.deadline_unix,
             created_at=item.created_at,
         )
