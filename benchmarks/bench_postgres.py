@@ -18,6 +18,7 @@
     python benchmarks/bench_postgres.py                      # everything, 1M backlog
     python benchmarks/bench_postgres.py --big 100000         # a smaller big backlog
     python benchmarks/bench_postgres.py --skip-big
+    python benchmarks/bench_postgres.py --skip-big --skip-dispatch --batch-max 1   # A/B: a commit per turn
 
 ``AGENTDISPATCH_TEST_PG`` names the server (default: the local development one).
 """
