@@ -28,6 +28,12 @@ class Metrics:
             buckets=(1, 2, 3, 4, 5, 7, 10, 20),
             registry=r,
         )
+        self.commit_batch = Histogram(
+            "agent_utilities_dispatch_commit_batch_turns",
+            "Turns committed by one worker commit transaction",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+            registry=r,
+        )
         self.redeliveries = Counter("agent_utilities_dispatch_redeliveries", "Deliveries after the first", registry=r)
         self.lease_failures = Counter(
             "agent_utilities_dispatch_lease_failures", "Renewals or commits refused", registry=r

@@ -350,6 +350,7 @@ class Worker:
             with self.transport.atomic(durable=True):
                 labels = self._commit_all(done)
             dry = False
+        self.metrics.commit_batch.observe(len(labels))
         label = self._settle(labels)
         lane.claimed.extend(claimed)
         if want > ride and not dry:

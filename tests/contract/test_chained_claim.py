@@ -155,6 +155,9 @@ def test_fast_turns_are_claimed_and_committed_in_batches(harness, loop) -> None:
     assert worker.poll("t:0", 0, loop) == "completed"
     # One transaction committed the four and claimed the next (up to) four.
     assert _census(harness, ids) == {"succeeded": 5, "running": 4, "ready": 1}
+    sample = worker.metrics.registry.get_sample_value
+    assert sample("agent_utilities_dispatch_commit_batch_turns_count") == 2  # the first turn, then the four
+    assert sample("agent_utilities_dispatch_commit_batch_turns_sum") == 5
     while _census(harness, ids) != {"succeeded": 10}:
         _poll_until(worker, loop)
     assert not _held(worker)
