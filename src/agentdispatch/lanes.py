@@ -40,6 +40,7 @@ class Lane:
     #: that a claimed turn starts within the budget.
     pace: float | None = None
     mark: float = 0.0  # when the last turn started (0: the lane was idle)
+    running: bool = False  # a turn of this lane is executing now
 
     def step(self, now: float, *, chained: bool) -> None:
         """A turn starts now; ``chained``: straight after the previous one."""
@@ -47,3 +48,15 @@ class Lane:
             sample = now - self.mark
             self.pace = sample if self.pace is None else self.pace * 0.8 + sample * 0.2
         self.mark = now
+
+    def stalled(self, now: float, after_s: float) -> bool:
+        """Whether the running turn has held the claimed ones up for ``after_s``."""
+        return self.running and bool(self.claimed) and now - self.mark > after_s
+
+    def steal(self) -> tuple[Delivery, Step] | None:
+        """The last claimed turn, for another claim thread (None: none left).
+        The owner takes from the other end; each end's pop is atomic."""
+        try:
+            return self.claimed.pop()
+        except IndexError:
+            return None

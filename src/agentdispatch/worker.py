@@ -213,6 +213,10 @@ class Worker:
             return self._execute(*lane.claimed.popleft(), owner=owner, index=index, loop=loop)
         if lane.done:
             return self._flush(lane, owner)
+        stolen = self._steal(lane)
+        if stolen is not None:
+            lane.step(time.monotonic(), chained=False)
+            return self._execute(*stolen, owner=owner, index=index, loop=loop)
         got = self._get_and_claim(owner)
         if got is None:
             if self.transport.shared_database:
@@ -230,6 +234,19 @@ class Worker:
             return step
         lane.step(time.monotonic(), chained=False)
         return self._execute(delivery, step, owner=owner, index=index, loop=loop)
+
+    def _steal(self, lane: Lane) -> tuple[Delivery, Step] | None:
+        """A turn another claim thread of this worker claimed and cannot start:
+        its running turn has taken far longer than the batch budget (a hung
+        or slow handler among fast ones). Its lease goes with it."""
+        now = time.monotonic()
+        after_s = max(4 * self.options.batch_budget_s, 0.1)
+        for other in list(self._lanes.values()):
+            if other is not lane and other.stalled(now, after_s):
+                got = other.steal()
+                if got is not None:
+                    return got
+        return None
 
     def _get_and_claim(self, owner: str) -> tuple[Delivery, str | Step] | None:
         """Get a delivery and settle or claim it, in one transaction on a
@@ -288,14 +305,16 @@ class Worker:
         with self._lock:
             self._state.active[index] = item.session_id
         self._beat()
+        lane = self._lane(index)
+        lane.running = True
         try:
             outcome = self._run(item, claim.lease, loop)
         finally:
+            lane.running = False
             with self._lock:
                 self._state.active.pop(index, None)
         if outcome is None:
             return self._fenced(delivery)
-        lane = self._lane(index)
         if not lane.done:
             lane.since = time.monotonic()
         lane.done.append(Finished(delivery, *outcome))

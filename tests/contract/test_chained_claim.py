@@ -5,6 +5,7 @@ costs the commit, and a chained turn runs even when the worker is stopping."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 
@@ -13,7 +14,7 @@ import pytest
 from agentdispatch import Status, Submission
 from agentdispatch.envelope import Envelope
 from agentdispatch.errors import TaskQueueUnavailable
-from agentdispatch.handlers import builtins
+from agentdispatch.handlers import Registry, builtins
 from agentdispatch.transports.base import Delivery
 from agentdispatch.worker import Worker
 
@@ -192,3 +193,80 @@ def test_a_slow_handler_is_never_batched(harness, loop) -> None:  # type: ignore
     assert _held(worker) == expected
     while _census(harness, ids) != {"succeeded": 3}:
         _poll_until(worker, loop)
+
+
+def test_turns_held_up_behind_a_stalled_turn_are_taken_by_another_thread(harness, loop) -> None:  # type: ignore[no-untyped-def]
+    ids = _submit(harness, 6)
+    worker = _fast_worker(harness, batch_max=4)
+    assert _poll_until(worker, loop) == "completed"
+    if not harness.transport.shared_database:
+        assert not _held(worker)
+        return
+    lane = worker._lanes[0]
+    assert len(lane.claimed) == 4
+    # Thread 0 is running a turn that has taken a minute so far: its claimed
+    # turns are not started. Thread 1 has nothing of its own: it takes one.
+    lane.running, lane.mark = True, time.monotonic() - 60.0
+    last = Envelope.from_json(lane.claimed[-1][0].raw).job_id
+    assert worker.poll("t:1", 1, loop) == "completed"
+    assert _status(harness, last) is Status.SUCCEEDED and len(lane.claimed) == 3
+    # A turn that is merely running (within the budget) keeps its batch.
+    lane.mark = time.monotonic()
+    held = len(worker._lanes[1].claimed)
+    while worker._lanes[1].claimed or worker._lanes[1].done:
+        worker.poll("t:1", 1, loop)
+    assert len(lane.claimed) == 3 and held >= 0
+    lane.running = False
+    while _census(harness, ids) != {"succeeded": 6}:
+        worker.poll("t:0", 0, loop)
+
+
+def test_a_hung_turn_does_not_hold_its_batch_back(harness) -> None:  # type: ignore[no-untyped-def]
+    """End to end with real threads: one turn of a batch blocks; the others
+    still run promptly (taken over by the worker's other thread)."""
+    gate = threading.Event()
+    done: list[int] = []
+
+    def step(turn, guard):  # type: ignore[no-untyped-def]
+        if turn.payload["hang"]:
+            gate.wait(30)
+        done.append(turn.payload["n"])
+        return turn.payload["n"]
+
+    reg = Registry()
+    reg.add("step", step)
+    d = harness.dispatcher()
+    first = d.submit_many([Submission(kind="step", payload={"n": -1, "hang": False}, tenant="t")])[0]
+    worker = harness.worker(reg, threads=2, batch_max=16, batch_budget_s=0.05)
+    for _ in range(10):
+        worker.backpressure.record(True, 0.0001)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while _status(harness, first.job_id) is not Status.SUCCEEDED:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        # The hung turn is claimed inside a batch (the thread that gets turn 0
+        # alone claims the next ones with its commit), with turns behind it.
+        subs = [Submission(kind="step", payload={"n": i, "hang": i == 3}, tenant="t") for i in range(20)]
+        d.submit_many(subs)
+        deadline = time.monotonic() + 20
+        if harness.transport.shared_database:
+            while len(done) < 20:  # every turn but the hung one (and the first)
+                assert time.monotonic() < deadline, f"only {sorted(done)} ran while one turn hung"
+                time.sleep(0.01)
+            assert 3 not in done
+        else:
+            # Kafka: never batched (a hung turn holds back its partition, as
+            # consumer groups do, not a batch).
+            time.sleep(1.0)
+    finally:
+        gate.set()
+        worker.stop(grace_s=10)
+    sample = worker.metrics.registry.get_sample_value
+    if harness.transport.shared_database:
+        assert sorted(done) == list(range(-1, 20))  # the hung turn finished once let go
+    else:
+        assert sample("agent_utilities_dispatch_commit_batch_turns_sum") == sample(
+            "agent_utilities_dispatch_commit_batch_turns_count"
+        )
