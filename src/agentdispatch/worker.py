@@ -361,10 +361,13 @@ class Worker:
             try:
                 with self.transport.atomic(durable=True):
                     labels = self._commit_all(done)
-                    claimed, dry = self._claim_chained(owner, ride)
+                    try:
+                        dry = self._claim_into(claimed, owner, ride)
+                    except Exception as exc:  # whatever it was, the commits must not pay for it
+                        raise _ChainFailed from exc
             except _ChainFailed as failed:
                 log.warning("claiming the next turns with a commit failed (%s); committing alone", failed.__cause__)
-                labels, want = None, 0
+                labels, want, claimed = None, 0, []
         if labels is None:
             with self.transport.atomic(durable=True):
                 labels = self._commit_all(done)
@@ -373,7 +376,12 @@ class Worker:
         label = self._settle(labels)
         lane.claimed.extend(claimed)
         if want > ride and not dry:
-            lane.claimed.extend(self._claim_alone(owner, want - ride))
+            more: list[tuple[Delivery, Step]] = []
+            try:
+                self._claim_into(more, owner, want - ride)  # short transactions of their own
+            except AgentDispatchError as exc:  # keep what was claimed; the loop goes on
+                log.warning("claiming the next turns failed: %s", exc)
+            lane.claimed.extend(more)
         return label
 
     def _refill(self, lane: Lane) -> int:
@@ -406,37 +414,17 @@ class Worker:
             self._count(label)
         return labels[-1]
 
-    def _claim_alone(self, owner: str, want: int) -> list[tuple[Delivery, Step]]:
-        """Claim up to ``want`` turns, each in a short transaction of its own."""
-        claimed: list[tuple[Delivery, Step]] = []
+    def _claim_into(self, claimed: list[tuple[Delivery, Step]], owner: str, want: int) -> bool:
+        """Claim up to ``want`` turns into ``claimed``, each get with its claim
+        in one transaction (the open one, if any); True when the queue ran dry."""
         for _ in range(want):
-            try:
-                got = self._get_and_claim(owner)
-            except AgentDispatchError as exc:  # keep what was claimed; the loop goes on
-                log.warning("claiming the next turns failed: %s", exc)
-                break
+            got = self._get_and_claim(owner)
             if got is None:
-                break
+                return True
             delivery, step = got
             if not isinstance(step, str):
                 claimed.append((delivery, step))
-        return claimed
-
-    def _claim_chained(self, owner: str, want: int) -> tuple[list[tuple[Delivery, Step]], bool]:
-        """Up to ``want`` claims inside the open transaction; and whether the
-        queue ran dry (nothing more to claim now)."""
-        claimed: list[tuple[Delivery, Step]] = []
-        try:
-            for _ in range(want):
-                got = self.transport.get(owner, visibility_s=self.settings.claim_ttl_s, wait_s=0.0)
-                if got is None:
-                    return claimed, True
-                step = self._admit(got, owner)
-                if not isinstance(step, str):
-                    claimed.append((got, step))
-        except Exception as exc:  # whatever it was, the commits must not pay for it
-            raise _ChainFailed from exc
-        return claimed, False
+        return False
 
     def _fenced(self, delivery: Delivery) -> str:
         # Left for redelivery: the store decides what the next delivery finds.

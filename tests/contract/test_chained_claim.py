@@ -164,13 +164,23 @@ def test_fast_turns_are_claimed_and_committed_in_batches(harness, loop) -> None:
     assert not _held(worker)
 
 
-def test_a_fenced_turn_in_a_batch_costs_the_others_nothing(harness, loop) -> None:  # type: ignore[no-untyped-def]
-    ids = _submit(harness, 6)
+def _batch_claimed(harness, loop, n: int) -> tuple[list[str], Worker] | None:  # type: ignore[no-untyped-def]
+    """``n`` turns, and a fast worker whose first commit claimed a batch of
+    four; None on Kafka, where nothing is batched (asserted here)."""
+    ids = _submit(harness, n)
     worker = _fast_worker(harness, batch_max=4)
     assert _poll_until(worker, loop) == "completed"
     if not harness.transport.shared_database:
         assert not _held(worker)
+        return None
+    return ids, worker
+
+
+def test_a_fenced_turn_in_a_batch_costs_the_others_nothing(harness, loop) -> None:  # type: ignore[no-untyped-def]
+    batched = _batch_claimed(harness, loop, 6)
+    if batched is None:
         return
+    ids, worker = batched
     lane = worker._lanes[0]
     victim = Envelope.from_json(lane.claimed[1][0].raw).job_id
     harness.dispatcher().cancel(victim, "t")  # fences the claimed, not yet started turn
@@ -196,12 +206,10 @@ def test_a_slow_handler_is_never_batched(harness, loop) -> None:  # type: ignore
 
 
 def test_turns_held_up_behind_a_stalled_turn_are_taken_by_another_thread(harness, loop) -> None:  # type: ignore[no-untyped-def]
-    ids = _submit(harness, 6)
-    worker = _fast_worker(harness, batch_max=4)
-    assert _poll_until(worker, loop) == "completed"
-    if not harness.transport.shared_database:
-        assert not _held(worker)
+    batched = _batch_claimed(harness, loop, 6)
+    if batched is None:
         return
+    ids, worker = batched
     lane = worker._lanes[0]
     assert len(lane.claimed) == 4
     # Thread 0 is running a turn that has taken a minute so far: its claimed
@@ -212,10 +220,9 @@ def test_turns_held_up_behind_a_stalled_turn_are_taken_by_another_thread(harness
     assert _status(harness, last) is Status.SUCCEEDED and len(lane.claimed) == 3
     # A turn that is merely running (within the budget) keeps its batch.
     lane.mark = time.monotonic()
-    held = len(worker._lanes[1].claimed)
     while worker._lanes[1].claimed or worker._lanes[1].done:
         worker.poll("t:1", 1, loop)
-    assert len(lane.claimed) == 3 and held >= 0
+    assert len(lane.claimed) == 3
     lane.running = False
     while _census(harness, ids) != {"succeeded": 6}:
         worker.poll("t:0", 0, loop)

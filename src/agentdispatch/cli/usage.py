@@ -11,9 +11,13 @@ from typing import Any, NoReturn
 import click
 
 
-def _run(main: Any, args: Sequence[str] | None, prog_name: str | None, **extra: Any) -> NoReturn:
+def _main(
+    self: click.Command, args: Sequence[str] | None = None, prog_name: str | None = None, **extra: Any
+) -> NoReturn:
+    """``click.Command.main``, always standalone, with usage errors as one line."""
+    extra.pop("standalone_mode", None)
     try:
-        rv = main(args, prog_name, standalone_mode=False, **extra)
+        rv = click.Command.main(self, args, prog_name, standalone_mode=False, **extra)
     except click.ClickException as exc:
         click.echo(f"error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
@@ -26,20 +30,10 @@ def _run(main: Any, args: Sequence[str] | None, prog_name: str | None, **extra: 
 class OneLineCommand(click.Command):
     """A command whose usage errors are one line."""
 
-    # Click types main() as two overloads on standalone_mode; ours is always standalone.
-    def main(  # type: ignore[override]
-        self, args: Sequence[str] | None = None, prog_name: str | None = None, **extra: Any
-    ) -> NoReturn:
-        extra.pop("standalone_mode", None)
-        _run(super().main, args, prog_name, **extra)
+    main = _main  # type: ignore[assignment]  # click types main() as overloads on standalone_mode
 
 
 class OneLineGroup(click.Group):
     """A group whose usage errors (its own and its subcommands') are one line."""
 
-    # Click types main() as two overloads on standalone_mode; ours is always standalone.
-    def main(  # type: ignore[override]
-        self, args: Sequence[str] | None = None, prog_name: str | None = None, **extra: Any
-    ) -> NoReturn:
-        extra.pop("standalone_mode", None)
-        _run(super().main, args, prog_name, **extra)
+    main = _main  # type: ignore[assignment]
