@@ -49,6 +49,7 @@ from agentdispatch import Dispatcher, Submission, Worker, WorkerOptions, load_se
 from agentdispatch.handlers import Registry, Turn, builtins
 from agentdispatch.lease import LeaseGuard
 from agentdispatch.sqlfiles import queries
+from agentdispatch.stores.pg_db import explain_nested
 from agentdispatch.stores.postgres import PostgresStore
 from agentdispatch.transports.postgres import PostgresTransport
 
@@ -346,7 +347,7 @@ def claim_latency(uri: str, samples: int) -> list[float]:
     with psycopg.connect(uri, autocommit=True) as c:
         for _ in range(samples):
             t0 = time.perf_counter()
-            row = c.execute(GET, {"owner": "bench:0", "vis": 60.0, "read": False}).fetchone()
+            row = c.execute(GET, {"owner": "bench:0", "vis": 60.0, "n": 1, "read": False}).fetchone()
             lat.append(time.perf_counter() - t0)
             assert row is not None
             # Replace the claimed row (same session, later in it): the backlog stays constant.
@@ -372,14 +373,14 @@ def bench_claim_latency(big: int, samples: int, explain: bool = True) -> None:
             fill_s = time.perf_counter() - t0
             results[n] = claim_latency(uri, samples)
             if explain and n == big:
-                # EXPLAIN ANALYZE really claims a row: inside a transaction rolled back.
+                # The fair claim runs inside dispatch_claim: auto_explain shows
+                # its plan as executed there (in a transaction rolled back).
                 with psycopg.connect(uri) as c:
-                    plan = c.execute(
-                        "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) " + GET,
-                        {"owner": "bench:0", "vis": 60.0, "read": False},
-                    ).fetchall()
-                print(f"  EXPLAIN ANALYZE of the fair claim at {n:,} queued:")
-                for (line,) in plan:
+                    plan = explain_nested(
+                        c, GET, {"owner": "bench:0", "vis": 60.0, "n": 1, "read": False}, analyze=True
+                    )
+                print(f"  EXPLAIN ANALYZE of the fair claim at {n:,} queued (auto_explain, inside dispatch_claim):")
+                for line in plan.splitlines():
                     print("    " + line)
         lat = results[n]
         print(

@@ -25,7 +25,7 @@ from .metrics import Metrics
 from .policy import Backpressure, batch_size
 from .reconciler import Reconciler
 from .settings import Settings
-from .stores.base import ClaimKind, Store, WorkerRow
+from .stores.base import Claim, ClaimKind, Store, WorkerRow
 from .transports.base import Delivery, Transport
 from .workitem import Lease, Outcome, WorkItem
 
@@ -265,14 +265,26 @@ class Worker:
 
     def _admit(self, delivery: Delivery, owner: str) -> str | Step:
         """Validate and claim; every outcome but a claim is settled here."""
+        return self._admit_many([delivery], owner)[0]
+
+    def _admit_many(self, deliveries: list[Delivery], owner: str) -> list[str | Step]:
+        """:meth:`_admit` for a batch, the claims in one store call."""
+        envs = [self._envelope(d) for d in deliveries]
+        jobs = [(e.job_id, e.tenant) for e in envs if isinstance(e, Envelope)]
+        claims = iter(self.store.claim_many(jobs, owner=owner, ttl_s=self.settings.claim_ttl_s) if jobs else [])
+        pairs = zip(deliveries, envs, strict=True)
+        return [e if isinstance(e, str) else self._settle_claim(d, e, next(claims)) for d, e in pairs]
+
+    def _envelope(self, delivery: Delivery) -> Envelope | str:
         if delivery.deliveries > 1:
             self.metrics.redeliveries.inc()
         try:
-            env = Envelope.from_json(delivery.raw)
+            return Envelope.from_json(delivery.raw)
         except InvalidEnvelope as exc:
             self._poison(delivery, str(exc))
             return "poison"
-        claim = self.store.claim(env.job_id, env.tenant, owner=owner, ttl_s=self.settings.claim_ttl_s)
+
+    def _settle_claim(self, delivery: Delivery, env: Envelope, claim: Claim) -> str | Step:
         if claim.kind in (ClaimKind.MISSING, ClaimKind.TENANT_MISMATCH):
             self._poison(delivery, f"{claim.kind.value}: envelope for job {env.job_id}")
             return "poison"
@@ -395,16 +407,19 @@ class Worker:
         return max(0, size - len(lane.claimed))
 
     def _commit_all(self, done: list[Finished]) -> list[str]:
+        """The batch's fenced commits (one store call), then its acks (one
+        transport call); a fenced turn wrote nothing and is given back."""
+        results = self.store.commit_many([(d.lease, d.outcome) for d in done])
         labels: list[str] = []
-        for d in done:
-            try:
-                item = self.store.commit(d.lease, d.outcome)
-            except LeaseLost:  # raised before the commit writes anything
+        acks: list[Delivery] = []
+        for d, item in zip(done, results, strict=True):
+            if isinstance(item, LeaseLost):
                 self.transport.release(d.delivery, 0.0)
                 labels.append("fenced")
                 continue
-            self.transport.ack(d.delivery)
+            acks.append(d.delivery)
             labels.append(LABELS.get(item.status, "failed"))
+        self.transport.ack_many(acks)
         return labels
 
     def _settle(self, labels: list[str]) -> str:
@@ -415,16 +430,14 @@ class Worker:
         return labels[-1]
 
     def _claim_into(self, claimed: list[tuple[Delivery, Step]], owner: str, want: int) -> bool:
-        """Claim up to ``want`` turns into ``claimed``, each get with its claim
-        in one transaction (the open one, if any); True when the queue ran dry."""
-        for _ in range(want):
-            got = self._get_and_claim(owner)
-            if got is None:
-                return True
-            delivery, step = got
-            if not isinstance(step, str):
-                claimed.append((delivery, step))
-        return False
+        """Claim up to ``want`` turns into ``claimed``: the gets (one statement
+        where the transport can) and their claims in one transaction (the open
+        one, if any). True when the queue ran dry."""
+        with self.transport.atomic(durable=False):
+            deliveries = self.transport.get_many(owner, want, visibility_s=self.settings.claim_ttl_s)
+            steps = self._admit_many(deliveries, owner)
+        claimed.extend((d, s) for d, s in zip(deliveries, steps, strict=True) if not isinstance(s, str))
+        return len(deliveries) < want
 
     def _fenced(self, delivery: Delivery) -> str:
         # Left for redelivery: the store decides what the next delivery finds.

@@ -15,6 +15,7 @@ from agentdispatch.envelope import Envelope
 from agentdispatch.handlers import Registry, Turn
 from agentdispatch.lease import LeaseGuard
 from agentdispatch.sqlfiles import queries
+from agentdispatch.stores.pg_db import explain_nested
 from agentdispatch.transports.base import Delivery
 from backends import Harness
 from pg import admin
@@ -146,9 +147,9 @@ def test_fair_claim_is_an_index_scan(h: Harness) -> None:
         )
         conn.execute("ANALYZE")
         sql = queries("agentdispatch.transports.sql", "postgres.sql")["get"]
-        plan = "\n".join(
-            str(r[0]) for r in conn.execute("EXPLAIN " + sql, {"owner": "x", "vis": 30.0, "read": False}).fetchall()
-        )
+        # The fair claim runs inside dispatch_claim: its plan as executed there.
+        plan = explain_nested(conn, sql, {"owner": "x", "vis": 30.0, "n": 1, "read": False})
+    assert "agent_dispatch_queue" in plan, plan
     assert "Seq Scan" not in plan, plan
     assert "fair_tenants_order" in plan and "fair_groups_order" in plan and "queue_group_head" in plan, plan
 
@@ -169,14 +170,19 @@ def test_fairness_small_tenants_are_not_starved(h: Harness) -> None:
     started: list[str] = []
     lock = threading.Lock()
     enough = threading.Event()
-    get = h.transport.get
+    get, get_many = h.transport.get, h.transport.get_many
+
+    def record(got: list[Delivery]) -> list[Delivery]:
+        with lock:
+            claims.extend(Envelope.from_json(d.raw).tenant for d in got)
+        return got
 
     def recording_get(owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
         got = get(owner, visibility_s=visibility_s, wait_s=wait_s)
-        if got is not None:
-            with lock:
-                claims.append(Envelope.from_json(got.raw).tenant)
-        return got
+        return None if got is None else record([got])[0]
+
+    def recording_get_many(owner: str, n: int, *, visibility_s: float) -> list[Delivery]:
+        return record(get_many(owner, n, visibility_s=visibility_s))
 
     def note(turn: Turn, guard: LeaseGuard) -> None:
         with lock:
@@ -185,6 +191,7 @@ def test_fairness_small_tenants_are_not_starved(h: Harness) -> None:
                 enough.set()
 
     h.transport.get = recording_get
+    h.transport.get_many = recording_get_many
     reg = Registry()
     reg.add("note", note)
     worker = h.worker(reg, threads=4)
@@ -212,7 +219,12 @@ def test_fairness_small_tenants_are_not_starved(h: Harness) -> None:
     assert all(ran.count(s) == 100 for s in smalls), {t: ran.count(t) for t in set(ran)}
     assert last_small < 1100
     assert all_queued > 800  # the small tenants drained together, not one after another
-    # Claims riding with a commit publish their fairness marks at its end, so
-    # another thread may take the same tenant meanwhile: at most one per thread.
-    assert longest_run <= 4
+    # Interleaved: every 30 consecutive claims there reach at least 8 of the
+    # 10 tenants. Concurrent claims do not see each other's fairness marks
+    # until they commit, so single claims of several threads made while one
+    # thread's batch is open may repeat the tenant it served last: runs stay
+    # short but are not 1 (up to 8 seen on a loaded machine).
+    windows = [set(order[i : i + 30]) for i in range(all_queued + 1 - 30)]
+    assert min(len(w) for w in windows) >= 8, min(windows, key=len)
+    assert longest_run <= 12
     assert order[: all_queued + 1].count("big") <= (all_queued + 1) // 10 + 8

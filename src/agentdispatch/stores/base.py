@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from ..envelope import Envelope
+from ..errors import LeaseLost
 from ..workitem import Lease, Outcome, Status, WorkItem
 
 
@@ -132,11 +133,20 @@ class Store(Protocol):
     def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
         """Claim and start an item for ``owner`` (epoch + 1, attempt + 1)."""
 
+    def claim_many(self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float) -> list[Claim]:
+        """:meth:`claim` for each (job id, tenant), in one transaction where the
+        backend can (see :func:`claim_each`)."""
+
     def renew(self, lease: Lease, ttl_s: float) -> Lease:
         """Extend a live lease; raises :class:`LeaseLost` when fenced."""
 
     def commit(self, lease: Lease, outcome: Outcome) -> WorkItem:
         """Fenced, durable commit of a handler outcome (releases dependants)."""
+
+    def commit_many(self, done: Sequence[tuple[Lease, Outcome]]) -> list[WorkItem | LeaseLost]:
+        """:meth:`commit` for each (lease, outcome), durable together; a fenced
+        one is answered with its :class:`LeaseLost` and writes nothing (see
+        :func:`commit_each`)."""
 
     def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> WorkItem:
         """Cancel a non-terminal item (fencing out any holder)."""
@@ -200,3 +210,19 @@ class Store(Protocol):
 
     def outbox_done(self, row_ids: Sequence[int]) -> None:
         """Mark rows as delivered to the external transport (delete them)."""
+
+
+def claim_each(store: Store, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float) -> list[Claim]:
+    """:meth:`Store.claim_many` as one claim after another."""
+    return [store.claim(job_id, tenant, owner=owner, ttl_s=ttl_s) for job_id, tenant in jobs]
+
+
+def commit_each(store: Store, done: Sequence[tuple[Lease, Outcome]]) -> list[WorkItem | LeaseLost]:
+    """:meth:`Store.commit_many` as one commit after another."""
+    out: list[WorkItem | LeaseLost] = []
+    for lease, outcome in done:
+        try:
+            out.append(store.commit(lease, outcome))
+        except LeaseLost as exc:
+            out.append(exc)
+    return out

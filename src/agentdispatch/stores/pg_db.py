@@ -366,3 +366,32 @@ def scalar(conn: Conn, sql: str, params: Any = None) -> Any:
     """The first column of the first row (None when no row)."""
     row = conn.execute(sql, params).fetchone()
     return None if row is None else next(iter(row.values()))
+
+
+def explain_nested(conn: psycopg.Connection[Any], sql: str, params: Any = None, *, analyze: bool = False) -> str:
+    """The plans of the statements ``sql`` runs, including those inside its
+    functions (``auto_explain``; needs a superuser to LOAD it). Runs ``sql``
+    in a transaction that is rolled back: a claim really claims. For
+    operators and tests: the fair claim lives in ``dispatch_claim``."""
+    plans: list[str] = []
+
+    def keep(diag: psycopg.errors.Diagnostic) -> None:
+        if diag.message_primary and "plan:" in diag.message_primary:
+            plans.append(diag.message_primary)
+
+    with conn.transaction(force_rollback=True):
+        conn.execute("LOAD 'auto_explain'")
+        for name, value in (
+            ("auto_explain.log_min_duration", "0"),
+            ("auto_explain.log_nested_statements", "on"),
+            ("auto_explain.log_analyze", "on" if analyze else "off"),
+            ("auto_explain.log_timing", "off"),
+            ("client_min_messages", "log"),
+        ):
+            conn.execute("SELECT set_config(%s, %s, true)", (name, value))
+        conn.add_notice_handler(keep)
+        try:
+            conn.execute(sql, params).fetchall()
+        finally:
+            conn.remove_notice_handler(keep)
+    return "\n".join(plans)

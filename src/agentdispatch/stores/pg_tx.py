@@ -36,7 +36,16 @@ _ENQUEUE_COLS = (
 
 
 #: Columns sent as ``float8[]``: binary arrays must not mix ``int`` and ``float``.
-_FLOAT_COLS = frozenset(("deadline_unix", "created_at", "ready_at", "updated_at", "at", "enqueued_at", "visible_at"))
+_FLOAT_COLS = frozenset(
+    (
+        "deadline_unix", "created_at", "ready_at", "updated_at", "completed_at", "lease_expires_at", "at",
+        "enqueued_at", "visible_at",
+    )
+)  # fmt: skip
+_SAVE_COLS = (
+    "id", "status", "reason", "attempts", "max_attempts", "ready_at", "updated_at", "completed_at",
+    "lease_owner", "lease_epoch", "lease_token", "lease_expires_at", "result", "error",
+)  # fmt: skip
 
 
 def _columns(rows: list[dict[str, Any]], cols: Sequence[str]) -> dict[str, list[Any]]:
@@ -65,8 +74,8 @@ class PostgresTx:
         self._leaves: set[str] = set()
         #: The admitted depth read by :meth:`read_submit`.
         self._depth: int | None = None
-        #: (item id, blocker status, blocker lease expiry) read by a claim's :meth:`read_item`.
-        self._blocker: tuple[str, str | None, float | None] | None = None
+        #: Item id -> (blocker status, blocker lease expiry), read with a claim's item.
+        self._blockers: dict[str, tuple[str | None, float | None]] = {}
         self._inserts: list[dict[str, Any]] = []
         self._saves: list[dict[str, Any]] = []
         self._events: list[dict[str, Any]] = []
@@ -95,6 +104,17 @@ class PostgresTx:
             params = dict(self._saves[0])
             params.update({f"e_{k}": v for k, v in self._events[0].items()})
             self.c.execute(Q["save_event"], params)
+            self._saves.clear()
+            self._events.clear()
+            return
+        if not self._inserts and not self._enqueues and len(self._saves) > 1:
+            # A batch of commits (or claims): every write and provenance row in
+            # one statement. One row per item, its last write (the same row and
+            # the same trigger deltas as writing them one after another).
+            newest = list({r["id"]: r for r in self._saves}.values())
+            params = _columns(newest, _SAVE_COLS)
+            params.update({f"e_{k}": v for k, v in _columns(self._events, _EVENT_COLS).items()})
+            self.c.execute(Q["save_many"], params, binary=True)
             self._saves.clear()
             self._events.clear()
             return
@@ -158,7 +178,21 @@ class PostgresTx:
         if data is not None and row["leaf"]:
             self._leaves.add(job_id)
         if data is not None and session:
-            self._blocker = (job_id, row["blocker_status"], row["blocker_expires_at"])
+            self._blockers[job_id] = (row["blocker_status"], row["blocker_expires_at"])
+
+    def read_items(self, job_ids: Sequence[str]) -> None:
+        """The clock and many items, locked in id order, with whether anything
+        depends on each, in one round trip (the read half of a batch's commits)."""
+        ids = sorted(set(job_ids))
+        rows = self._all(Q["items_read"], {"ids": ids})
+        found: dict[str, WorkItem] = {}
+        for row in rows:
+            self._now = float(row["now"])
+            item = item_from_row(row["item"])
+            found[item.id] = item
+            if row["leaf"]:
+                self._leaves.add(item.id)
+        self._prefetched.update({i: found.get(i) for i in ids})
 
     def read_submit(self, job_ids: Sequence[str], n: int, max_depth: int | None = None) -> None:
         """Admission (``dispatch_admission``: exact, and without a global lock
@@ -282,10 +316,12 @@ class PostgresTx:
         return int(row["n"])
 
     def session_blocker(self, item: WorkItem, now: float) -> float | None:
-        if self._blocker is not None and self._blocker[0] == item.id:
-            # Read under the session lock by read_item(session=True); the lock is
-            # held to COMMIT, so no other claim of the session has run since.
-            _, status, expires = self._blocker
+        blocker = self._blockers.pop(item.id, None)
+        if blocker is not None:
+            # Read under the session lock with the item (read_item(session=True)
+            # or the get that delivered it); the lock is held to COMMIT, so no
+            # other claim of the session has run since.
+            status, expires = blocker
         else:
             ref = self.session_ref(item)
             # The lock comes first, in its own statement, so that the blocker query's

@@ -149,15 +149,22 @@ class PostgresStore:
         return self._run(op, durable=True)
 
     # The hot path reads the clock, the locked item (and for a claim the
-    # session gate) in one round trip and writes back in one statement.
+    # session gate) in one round trip and writes back in one statement; a
+    # batch reads with the get that delivered it and writes in one statement.
     def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
-        def op(tx: PostgresTx) -> Claim:
-            read = self.db.take_read(job_id)  # made by the get that delivered it
-            if read is None:
-                tx.read_item(job_id, session=True)
-            else:
-                tx.use_read(job_id, read, session=True)
-            return engine.claim(tx, job_id, tenant, owner, ttl_s)
+        return self.claim_many([(job_id, tenant)], owner=owner, ttl_s=ttl_s)[0]
+
+    def claim_many(self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float) -> list[Claim]:
+        def op(tx: PostgresTx) -> list[Claim]:
+            out = []
+            for job_id, tenant in jobs:
+                read = self.db.take_read(job_id)  # made by the get that delivered it
+                if read is None:
+                    tx.read_item(job_id, session=True)
+                else:
+                    tx.use_read(job_id, read, session=True)
+                out.append(engine.claim(tx, job_id, tenant, owner, ttl_s))
+            return out
 
         return self._run(op)
 
@@ -169,11 +176,23 @@ class PostgresStore:
         return self._run(op, idempotent=True)
 
     def commit(self, lease: Lease, outcome: Outcome) -> WorkItem:
-        def op(tx: PostgresTx) -> WorkItem:
-            tx.read_item(lease.job_id)
-            return engine.commit(tx, lease, outcome)
+        done = self.commit_many([(lease, outcome)])[0]
+        if isinstance(done, LeaseLost):
+            raise done
+        return done
 
-        # Idempotent: a repeat of the same fenced commit is a no-op.
+    def commit_many(self, done: Sequence[tuple[Lease, Outcome]]) -> list[WorkItem | LeaseLost]:
+        def op(tx: PostgresTx) -> list[WorkItem | LeaseLost]:
+            tx.read_items([lease.job_id for lease, _ in done])
+            out: list[WorkItem | LeaseLost] = []
+            for lease, outcome in done:
+                try:
+                    out.append(engine.commit(tx, lease, outcome))
+                except LeaseLost as exc:  # raised before it writes anything
+                    out.append(exc)
+            return out
+
+        # Idempotent: a repeat of the same fenced commits is a no-op.
         return self._run(op, durable=True, idempotent=True, patience_s=WORKER_PATIENCE_S)
 
     def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> WorkItem:

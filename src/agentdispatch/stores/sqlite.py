@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from ..envelope import Envelope
-from ..errors import TaskQueueUnavailable
+from ..errors import LeaseLost, TaskQueueUnavailable
 from ..policy import opaque_ref
 from ..sqlfiles import Queries, compact, migrations
 from ..sqlite_db import SqliteDb, clock
 from ..workitem import Lease, Outcome, Status, WorkItem, evolve
 from . import engine
-from .base import Accepted, Claim, Effect, NewJob, SweepReport, WorkerRow
+from .base import Accepted, Claim, Effect, NewJob, SweepReport, WorkerRow, claim_each, commit_each
 from .rows import blocker_wait, dumps, effect_from_row, effect_params, item_from_row, mutable_params, worker_from_row
 
 _SQL_PKG = "agentdispatch.stores.sql.sqlite"
@@ -297,6 +297,9 @@ class SqliteStore:
             tx.read_item(job_id, session=True)
             return engine.claim(tx, job_id, tenant, owner, ttl_s)
 
+    def claim_many(self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float) -> list[Claim]:
+        return claim_each(self, jobs, owner=owner, ttl_s=ttl_s)
+
     def renew(self, lease: Lease, ttl_s: float) -> Lease:
         with self._tx() as tx:
             return engine.renew(tx, lease, ttl_s)
@@ -305,6 +308,9 @@ class SqliteStore:
         with self._tx(durable=True) as tx:
             tx.read_item(lease.job_id)
             return engine.commit(tx, lease, outcome)
+
+    def commit_many(self, done: Sequence[tuple[Lease, Outcome]]) -> list[WorkItem | LeaseLost]:
+        return commit_each(self, done)
 
     def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> WorkItem:
         with self._tx(durable=True) as tx:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -61,6 +62,10 @@ class Transport(Protocol):
     def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
         """Receive one envelope for ``owner`` (each worker thread is an owner)."""
 
+    def get_many(self, owner: str, n: int, *, visibility_s: float) -> list[Delivery]:
+        """Up to ``n`` envelopes for ``owner`` without waiting, in claim order
+        (one statement where the backend can; see :func:`get_each`)."""
+
     def wait(self, timeout_s: float) -> None:
         """Block until envelopes may have arrived since this thread's last empty
         :meth:`get` (a notification, or the next poll is due), at most
@@ -69,6 +74,9 @@ class Transport(Protocol):
     def ack(self, delivery: Delivery) -> bool:
         """Acknowledge; False (and nothing deleted) when the receipt no longer
         owns the delivery."""
+
+    def ack_many(self, deliveries: Sequence[Delivery]) -> list[bool]:
+        """:meth:`ack` for each (one statement where the backend can)."""
 
     def release(self, delivery: Delivery, delay_s: float) -> None:
         """Give a delivery back, visible again after ``delay_s``."""
@@ -83,3 +91,19 @@ class Transport(Protocol):
 
     def close(self) -> None:
         """Release connections/consumers."""
+
+
+def get_each(transport: Transport, owner: str, n: int, *, visibility_s: float) -> list[Delivery]:
+    """:meth:`Transport.get_many` as one get after another."""
+    out: list[Delivery] = []
+    while len(out) < n:
+        got = transport.get(owner, visibility_s=visibility_s, wait_s=0.0)
+        if got is None:
+            break
+        out.append(got)
+    return out
+
+
+def ack_each(transport: Transport, deliveries: Sequence[Delivery]) -> list[bool]:
+    """:meth:`Transport.ack_many` as one ack after another."""
+    return [transport.ack(d) for d in deliveries]

@@ -27,7 +27,7 @@ from ..envelope import Envelope
 from ..errors import AgentDispatchError, QueueFull, TaskQueueUnavailable
 from ..quietlogs import demote
 from ..settings import KAFKA_GROUP, KAFKA_TOPIC, Settings
-from .base import Delivery
+from .base import Delivery, ack_each, get_each
 from .kafka_admin import TopicAdmin
 from .kafka_consumer import OwnedConsumer
 from .kafka_producer import CoalescingProducer, GroupCommit, message_key
@@ -225,6 +225,12 @@ class KafkaTransport:
         done = oc is not None and oc.ack(delivery.receipt)
         self._auto_relay()  # the commit before this ack may have written outbox rows
         return done
+
+    def get_many(self, owner: str, n: int, *, visibility_s: float) -> list[Delivery]:
+        return get_each(self, owner, n, visibility_s=visibility_s)
+
+    def ack_many(self, deliveries: Sequence[Delivery]) -> list[bool]:
+        return ack_each(self, deliveries)
 
     def release(self, delivery: Delivery, delay_s: float) -> None:
         """Hold the message, uncommitted, in its consumer for ``delay_s``."""

@@ -12,6 +12,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -168,41 +169,50 @@ class PostgresTransport:
         """The store writes this table directly: nothing to relay."""
         return 0
 
-    def _get_once(self, owner: str, visibility_s: float) -> Delivery | None:
-        # Inside a transaction that goes on to claim the item, read it too.
+    def _claim(self, owner: str, visibility_s: float, n: int) -> list[Delivery]:
+        # Inside a transaction that goes on to claim the items, read them too.
         read = self.db.joined()
-        params = {"owner": owner, "vis": visibility_s, "read": read}
+        params = {"owner": owner, "vis": visibility_s, "n": n, "read": read}
         self._local.seen = self._wake.generation()
 
-        def claim(conn: Conn) -> dict[str, Any] | None:
+        def claim(conn: Conn) -> list[dict[str, Any]]:
             # Prepared (its plan is costly): a pending BEGIN goes ahead of it.
-            return conn.execute(Q["get"], params, prepare=True).fetchone()
+            return conn.execute(Q["get"], params, prepare=True).fetchall()
 
         # One statement in autocommit: one round trip. Retrying after a lost
-        # connection is safe: a claim that did commit only delays that row.
-        row = self.db.run(claim, single=True, idempotent=True)
+        # connection is safe: a claim that did commit only delays those rows.
+        rows = self.db.run(claim, single=True, idempotent=True)
         woken, self._local.woken = getattr(self._local, "woken", False), False
-        if row is None:
-            return None
+        if not rows:
+            return []
         if woken:
             # Woken alone: there may be more rows, wake the next waiter.
             self._wake.bump(everyone=False)
-        if read and row["now"] is not None:
-            self.db.stash_read(row["job_id"], row)
-        return Delivery(
-            raw=row["envelope"],
-            receipt=Receipt(owner=owner, claimed_at=float(row["claimed_at"]), ref=int(row["id"])),
-            deliveries=int(row["deliveries"]),
-        )
+        out = []
+        for row in rows:
+            if read and row["now"] is not None:
+                self.db.stash_read(row["job_id"], row)
+            out.append(
+                Delivery(
+                    raw=row["envelope"],
+                    receipt=Receipt(owner=owner, claimed_at=float(row["claimed_at"]), ref=int(row["id"])),
+                    deliveries=int(row["deliveries"]),
+                )
+            )
+        return out
 
     def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
         deadline = time.monotonic() + wait_s
         while True:
-            got = self._get_once(owner, visibility_s)
+            got = self._claim(owner, visibility_s, 1)
             left = deadline - time.monotonic()
-            if got is not None or left <= 0:
-                return got
+            if got or left <= 0:
+                return got[0] if got else None
             self.wait(left)
+
+    def get_many(self, owner: str, n: int, *, visibility_s: float) -> list[Delivery]:
+        """Up to ``n`` turns in fair order, in one statement."""
+        return self._claim(owner, visibility_s, n) if n > 0 else []
 
     def wait(self, timeout_s: float) -> None:
         """Until a notification arrives after this thread's last empty get, or
@@ -227,6 +237,21 @@ class PostgresTransport:
 
         # A lost ack is only a redelivery (the store then answers "skipped").
         return self.db.run(op, single=True, idempotent=True, patience_s=5.0)
+
+    def ack_many(self, deliveries: Sequence[Delivery]) -> list[bool]:
+        if len(deliveries) <= 1:
+            return [self.ack(d) for d in deliveries]
+        params = {
+            "ids": [d.receipt.ref for d in deliveries],
+            "owners": [d.receipt.owner for d in deliveries],
+            "claimed_at": [d.receipt.claimed_at for d in deliveries],
+        }
+
+        def op(conn: Conn) -> set[int]:
+            return {int(r["id"]) for r in conn.execute(Q["ack_many"], params, binary=True).fetchall()}
+
+        gone = self.db.run(op, single=True, idempotent=True, patience_s=5.0)
+        return [d.receipt.ref in gone for d in deliveries]
 
     def release(self, delivery: Delivery, delay_s: float) -> None:
         params = {**self._receipt(delivery), "delay": max(0.0, delay_s)}

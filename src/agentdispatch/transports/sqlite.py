@@ -6,13 +6,14 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DepthUnavailable, TaskQueueUnavailable
 from ..sqlfiles import Queries
 from ..sqlite_db import SqliteDb, clock
-from .base import Delivery, Receipt
+from .base import Delivery, Receipt, ack_each, get_each
 
 if TYPE_CHECKING:
     from ..stores.base import Store
@@ -79,6 +80,12 @@ class SqliteTransport:
     def ack(self, delivery: Delivery) -> bool:
         with self.db.tx() as c:
             return c.execute(Q["ack"], self._receipt_params(delivery)).rowcount == 1
+
+    def get_many(self, owner: str, n: int, *, visibility_s: float) -> list[Delivery]:
+        return get_each(self, owner, n, visibility_s=visibility_s)
+
+    def ack_many(self, deliveries: Sequence[Delivery]) -> list[bool]:
+        return ack_each(self, deliveries)
 
     def release(self, delivery: Delivery, delay_s: float) -> None:
         with self.db.tx() as c:

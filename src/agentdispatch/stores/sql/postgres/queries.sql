@@ -10,6 +10,9 @@ SELECT * FROM work_items WHERE id = %(id)s FOR UPDATE
 -- name: item_read
 SELECT now, item, leaf, blocker_status, blocker_expires_at FROM dispatch_item_read(%(id)s, %(session)s)
 
+-- name: items_read
+SELECT now, item, leaf FROM dispatch_items_read(%(ids)b::text[])
+
 -- name: submit_read
 SELECT now, depth, seqs, items FROM dispatch_submit_read(%(ids)b::text[], %(n)s, %(max)s)
 
@@ -86,6 +89,32 @@ WITH saved AS (
 )
 INSERT INTO work_events (job_id, at, event, status, attempt, epoch, detail)
 VALUES (%(e_job_id)s, %(e_at)s, %(e_event)s, %(e_status)s, %(e_attempt)s, %(e_epoch)s, %(e_detail)s)
+
+-- name: save_many
+-- Many items' writes (one per item: PostgresTx keeps each item's last) and
+-- their provenance rows, in one statement.
+WITH saved AS (
+    UPDATE work_items w SET
+        status = s.status, reason = s.reason, attempts = s.attempts, max_attempts = s.max_attempts,
+        ready_at = s.ready_at, updated_at = s.updated_at, completed_at = s.completed_at,
+        lease_owner = s.lease_owner, lease_epoch = s.lease_epoch, lease_token = s.lease_token,
+        lease_expires_at = s.lease_expires_at, result = s.result, error = s.error
+    FROM unnest(
+        %(id)b::text[], %(status)b::text[], %(reason)b::text[], %(attempts)b::int[], %(max_attempts)b::int[],
+        %(ready_at)b::float8[], %(updated_at)b::float8[], %(completed_at)b::float8[], %(lease_owner)b::text[],
+        %(lease_epoch)b::bigint[], %(lease_token)b::text[], %(lease_expires_at)b::float8[], %(result)b::text[],
+        %(error)b::text[]
+    ) AS s(
+        id, status, reason, attempts, max_attempts, ready_at, updated_at, completed_at, lease_owner,
+        lease_epoch, lease_token, lease_expires_at, result, error
+    )
+    WHERE w.id = s.id
+)
+INSERT INTO work_events (job_id, at, event, status, attempt, epoch, detail)
+SELECT * FROM unnest(
+    %(e_job_id)b::text[], %(e_at)b::float8[], %(e_event)b::text[], %(e_status)b::text[],
+    %(e_attempt)b::int[], %(e_epoch)b::bigint[], %(e_detail)b::text[]
+)
 
 -- name: event_many
 INSERT INTO work_events (job_id, at, event, status, attempt, epoch, detail)

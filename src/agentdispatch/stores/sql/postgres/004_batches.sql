@@ -1,0 +1,176 @@
+-- Batches on the hot path: a claim thread claims several turns in one
+-- statement, and commits a batch of finished turns with a few set statements.
+
+-- The fair claim, p_n times in one statement: expired deadlines first; then
+-- priority, least-recently-served tenant, least-recently-served group (the
+-- session), deadline, enqueue order. Only the head row of a session is
+-- eligible, so one session's turns are handed out one at a time, in order.
+-- Every step is an index scan over a small fairness table or the queue. Each
+-- pass is its own statement inside the function, so it sees the claims and
+-- fairness marks of the passes before it; within a batch, tenants are served
+-- in rounds (below), so one tenant's turns interleave with the others' within
+-- a batch as across batches. With p_read (inside a
+-- transaction that goes on to claim the items), each row also carries the
+-- item read for that claim (dispatch_item_read), which locks the item and its
+-- session until the transaction ends.
+CREATE OR REPLACE FUNCTION dispatch_claim(p_owner text, p_vis double precision, p_n integer, p_read boolean)
+RETURNS TABLE (
+    id bigint, envelope text, deliveries integer, claimed_at double precision, job_id text,
+    now double precision, item json, leaf boolean, blocker_status text, blocker_expires_at double precision
+)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+DECLARE
+    got integer := 0;
+    rec record;
+    -- Tenants this call served in its current round, at priority v_prio: each
+    -- is served once a round. Other claims' marks are not visible (their
+    -- transactions are open) and the marks of tenant rows they hold are
+    -- skipped, so without rounds one batch would serve one tenant many times.
+    -- A round never steps below v_prio: priority comes before fairness.
+    v_prio integer;
+    v_served text[] := '{}';
+    v_tenants bigint;
+BEGIN
+    WHILE got < p_n LOOP
+        WITH clock AS MATERIALIZED (
+            SELECT extract(epoch FROM clock_timestamp())::float8 AS now
+        ), pick AS MATERIALIZED (
+            SELECT coalesce(
+                (SELECT e.id FROM agent_dispatch_queue e
+                 WHERE e.deadline_unix IS NOT NULL AND e.deadline_unix <= (SELECT now FROM clock)
+                   AND e.visible_at <= (SELECT now FROM clock)
+                 ORDER BY e.deadline_unix
+                 LIMIT 1 FOR UPDATE OF e SKIP LOCKED),
+                -- First, tenants of the top priority that no other claim is serving
+                -- right now (their row is locked by it until it commits; its snapshot
+                -- of last_served is not ours yet): one tenant is not served many
+                -- times in a row while a claim stalls. Priority order is kept: only
+                -- the top priority, and the walk below covers everything else.
+                (SELECT h.id FROM dispatch_fair_tenants t
+                 CROSS JOIN LATERAL (
+                     SELECT x.tenant_ref, x.priority FROM dispatch_fair_tenants x
+                     WHERE x.priority = t.priority AND x.tenant_ref = t.tenant_ref
+                     FOR NO KEY UPDATE SKIP LOCKED
+                 ) tl
+                 CROSS JOIN LATERAL (
+                     SELECT q.id FROM dispatch_fair_groups g
+                     CROSS JOIN LATERAL (
+                         SELECT q.id, q.visible_at, q.session_ref, q.item_seq FROM agent_dispatch_queue q
+                         WHERE q.group_ref = g.group_ref AND q.priority = g.priority
+                         ORDER BY q.item_seq, q.id
+                         LIMIT 1 FOR UPDATE OF q SKIP LOCKED
+                     ) q
+                     WHERE g.tenant_ref = tl.tenant_ref AND g.priority = tl.priority
+                       AND q.visible_at <= (SELECT now FROM clock)
+                       AND NOT EXISTS (
+                           SELECT 1 FROM agent_dispatch_queue p
+                           WHERE p.session_ref = q.session_ref AND (p.item_seq, p.id) < (q.item_seq, q.id)
+                       )
+                     ORDER BY g.last_served, g.deadline_key, g.since
+                     LIMIT 1
+                 ) h
+                 WHERE t.priority = (SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1)
+                   AND (t.priority IS DISTINCT FROM v_prio OR NOT (t.tenant_ref = ANY(v_served)))
+                 ORDER BY t.priority DESC, t.last_served, t.since
+                 LIMIT 1),
+                (SELECT h.id FROM dispatch_fair_tenants t
+                 CROSS JOIN LATERAL (
+                     SELECT q.id FROM dispatch_fair_groups g
+                     CROSS JOIN LATERAL (
+                         SELECT q.id, q.visible_at, q.session_ref, q.item_seq FROM agent_dispatch_queue q
+                         WHERE q.group_ref = g.group_ref AND q.priority = g.priority
+                         ORDER BY q.item_seq, q.id
+                         LIMIT 1 FOR UPDATE OF q SKIP LOCKED
+                     ) q
+                     WHERE g.tenant_ref = t.tenant_ref AND g.priority = t.priority
+                       AND q.visible_at <= (SELECT now FROM clock)
+                       AND NOT EXISTS (
+                           SELECT 1 FROM agent_dispatch_queue p
+                           WHERE p.session_ref = q.session_ref AND (p.item_seq, p.id) < (q.item_seq, q.id)
+                       )
+                     ORDER BY g.last_served, g.deadline_key, g.since
+                     LIMIT 1
+                 ) h
+                 WHERE v_prio IS NULL OR t.priority > v_prio
+                    OR (t.priority = v_prio AND NOT (t.tenant_ref = ANY(v_served)))
+                 ORDER BY t.priority DESC, t.last_served, t.since
+                 LIMIT 1)
+            ) AS id
+        ), claimed AS (
+            UPDATE agent_dispatch_queue q
+            SET claimed_by = p_owner, claimed_at = clock.now, visible_at = clock.now + p_vis,
+                deliveries = q.deliveries + 1
+            FROM pick, clock
+            WHERE q.id = pick.id
+            RETURNING q.id, q.job_id, q.envelope, q.deliveries, q.claimed_at, q.priority, q.group_ref, q.tenant_ref
+        ), mark AS MATERIALIZED (
+            -- Least recently served is approximate by design: a row another claim is
+            -- marking right now is skipped (that claim marks it as recent), so no claim
+            -- ever waits for a fairness row.
+            SELECT c.priority, c.group_ref, c.tenant_ref, nextval('dispatch_served_seq') AS n FROM claimed c
+        ), lock_group AS MATERIALIZED (
+            SELECT x.priority, x.group_ref FROM dispatch_fair_groups x
+            JOIN mark m ON x.priority = m.priority AND x.group_ref = m.group_ref
+            FOR NO KEY UPDATE OF x SKIP LOCKED
+        ), served_group AS (
+            UPDATE dispatch_fair_groups g SET last_served = m.n
+            FROM lock_group l, mark m
+            WHERE g.priority = l.priority AND g.group_ref = l.group_ref
+        ), lock_tenant AS MATERIALIZED (
+            SELECT x.priority, x.tenant_ref FROM dispatch_fair_tenants x
+            JOIN mark m ON x.priority = m.priority AND x.tenant_ref = m.tenant_ref
+            FOR NO KEY UPDATE OF x SKIP LOCKED
+        ), served_tenant AS (
+            UPDATE dispatch_fair_tenants t SET last_served = m.n
+            FROM lock_tenant l, mark m
+            WHERE t.priority = l.priority AND t.tenant_ref = l.tenant_ref
+        )
+        SELECT c.id, c.envelope, c.deliveries, c.claimed_at, c.job_id,
+               r.now, r.item, r.leaf, r.blocker_status, r.blocker_expires_at, c.tenant_ref, c.priority
+        INTO rec
+        FROM claimed c
+        LEFT JOIN LATERAL (
+            SELECT * FROM dispatch_item_read(c.job_id, true) WHERE p_read
+        ) r ON true;
+        IF NOT FOUND THEN
+            EXIT WHEN v_prio IS NULL;
+            v_prio := NULL;  -- the rest of the round is taken or locked: a new round
+            v_served := '{}';
+            CONTINUE;
+        END IF;
+        got := got + 1;
+        id := rec.id; envelope := rec.envelope; deliveries := rec.deliveries; claimed_at := rec.claimed_at;
+        job_id := rec.job_id; now := rec.now; item := rec.item; leaf := rec.leaf;
+        blocker_status := rec.blocker_status; blocker_expires_at := rec.blocker_expires_at;
+        RETURN NEXT;
+        IF rec.priority IS DISTINCT FROM v_prio THEN
+            v_prio := rec.priority;
+            v_served := '{}';
+            v_tenants := (SELECT count(*) FROM (
+                SELECT 1 FROM dispatch_fair_tenants x WHERE x.priority = v_prio
+                ORDER BY x.priority DESC, x.last_served, x.since LIMIT p_n + 1) n);
+        END IF;
+        v_served := v_served || rec.tenant_ref;
+        IF cardinality(v_served) >= v_tenants THEN
+            v_prio := NULL;  -- every tenant of this priority served once: a new round
+            v_served := '{}';
+        END IF;
+    END LOOP;
+END $$;
+
+-- The read half of a batch's commits: lock the items in id order (two batches
+-- never wait on each other in a cycle), then read them in a snapshot taken
+-- after the locks, with whether anything depends on each (a child submitted
+-- while this waited is seen, and released by the commit).
+CREATE OR REPLACE FUNCTION dispatch_items_read(p_ids text[])
+RETURNS TABLE (now double precision, item json, leaf boolean)
+LANGUAGE plpgsql VOLATILE AS $$
+#variable_conflict use_column
+BEGIN
+    PERFORM 1 FROM work_items w WHERE w.id = ANY(p_ids) ORDER BY w.id FOR UPDATE;
+    RETURN QUERY
+    SELECT extract(epoch FROM clock_timestamp())::float8, row_to_json(w),
+           NOT EXISTS (SELECT 1 FROM work_dependencies d WHERE d.depends_on = w.id)
+    FROM work_items w WHERE w.id = ANY(p_ids);
+END $$;
