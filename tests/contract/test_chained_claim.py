@@ -84,12 +84,26 @@ def test_a_failing_chained_claim_never_costs_the_commit(harness, loop, monkeypat
         calls.append(got)
         return got
 
+    real_get_many = harness.transport.get_many
+
+    def flaky_get_many(owner: str, n: int, *, visibility_s: float) -> list[Delivery]:
+        if calls and calls[-1] is not None:
+            calls.append(None)
+            raise TaskQueueUnavailable("injected: the queue read failed")
+        before = len(calls)
+        got = real_get_many(owner, n, visibility_s=visibility_s)  # may go through flaky_get
+        if len(calls) == before:
+            calls.append(got[0] if got else None)
+        return got
+
     monkeypatch.setattr(harness.transport, "get", flaky_get)
+    monkeypatch.setattr(harness.transport, "get_many", flaky_get_many)
     assert _poll_until(worker, loop) == "completed"
     statuses = sorted(_status(harness, j).value for j in (a, b))
     # The first turn committed on its own; the second was not claimed.
     assert statuses == ["ready", "succeeded"] and not _held(worker)
     monkeypatch.setattr(harness.transport, "get", real_get)
+    monkeypatch.setattr(harness.transport, "get_many", real_get_many)
     assert _poll_until(worker, loop) == "completed"
     assert {_status(harness, j) for j in (a, b)} == {Status.SUCCEEDED}
 
