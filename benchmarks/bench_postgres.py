@@ -153,8 +153,8 @@ def drain_worker(
     transport = PostgresTransport(store)
     settings = load_settings(STATE_DB_URI=uri, AGENT_DISPATCH_MAX_DEPTH=max(100_000, turns))
     timers = Timers()
-    timers.wrap(store, "store", ["claim", "commit", "heartbeat"])
-    timers.wrap(transport, "transport", ["get", "ack", "release"])
+    timers.wrap(store, "store", ["claim", "claim_many", "commit", "commit_many", "heartbeat"])
+    timers.wrap(transport, "transport", ["get", "get_many", "ack", "ack_many", "release"])
     stmts = Statements()
     worker = Worker(
         settings,

@@ -166,7 +166,7 @@ def test_fairness_small_tenants_are_not_starved(h: Harness) -> None:
     for start in range(0, len(big), 2000):
         d.submit_many(big[start : start + 2000])
     d.submit_many(small)
-    claims: list[str] = []
+    claims: dict[str, str] = {}  # job id -> tenant, in first-claim order
     started: list[str] = []
     lock = threading.Lock()
     enough = threading.Event()
@@ -174,7 +174,10 @@ def test_fairness_small_tenants_are_not_starved(h: Harness) -> None:
 
     def record(got: list[Delivery]) -> list[Delivery]:
         with lock:
-            claims.extend(Envelope.from_json(d.raw).tenant for d in got)
+            for d in got:
+                env = Envelope.from_json(d.raw)
+                # A claim rolled back (a retried transaction) is claimed again: count it once.
+                claims.setdefault(env.job_id, env.tenant)
         return got
 
     def recording_get(owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
@@ -201,7 +204,7 @@ def test_fairness_small_tenants_are_not_starved(h: Harness) -> None:
     finally:
         worker.stop(grace_s=10)
     with lock:
-        order, ran = list(claims), list(started)
+        order, ran = list(claims.values()), list(started)
     smalls = [f"small{k}" for k in range(9)]
     last_small = max(i for i, t in enumerate(order) if t != "big")
     # While every tenant still has turns queued, least-recently-served order
@@ -225,6 +228,7 @@ def test_fairness_small_tenants_are_not_starved(h: Harness) -> None:
     # thread's batch is open may repeat the tenant it served last: runs stay
     # short but are not 1 (up to 8 seen on a loaded machine).
     windows = [set(order[i : i + 30]) for i in range(all_queued + 1 - 30)]
-    assert min(len(w) for w in windows) >= 8, min(windows, key=len)
+    worst = min(range(len(windows)), key=lambda i: len(windows[i]))
+    assert len(windows[worst]) >= 8, (worst, order[max(0, worst - 30) : worst + 60])
     assert longest_run <= 12
     assert order[: all_queued + 1].count("big") <= (all_queued + 1) / 8  # its share is 1/10

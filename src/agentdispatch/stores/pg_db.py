@@ -376,8 +376,9 @@ def explain_nested(conn: psycopg.Connection[Any], sql: str, params: Any = None, 
     plans: list[str] = []
 
     def keep(diag: psycopg.errors.Diagnostic) -> None:
-        if diag.message_primary and "plan:" in diag.message_primary:
-            plans.append(diag.message_primary)
+        text = diag.message_primary or ""
+        if "plan:" in text and "set_config(" not in text:  # not our own settings
+            plans.append(text)
 
     with conn.transaction(force_rollback=True):
         conn.execute("LOAD 'auto_explain'")

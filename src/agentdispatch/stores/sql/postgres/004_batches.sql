@@ -139,11 +139,12 @@ BEGIN
             v_served := '{}';
             CONTINUE;
         END IF;
-        got := got + 1;
         id := rec.id; envelope := rec.envelope; deliveries := rec.deliveries; claimed_at := rec.claimed_at;
         job_id := rec.job_id; now := rec.now; item := rec.item; leaf := rec.leaf;
         blocker_status := rec.blocker_status; blocker_expires_at := rec.blocker_expires_at;
         RETURN NEXT;
+        got := got + 1;
+        EXIT WHEN got >= p_n;  -- the batch is full (a single get ends here)
         IF rec.priority IS DISTINCT FROM v_prio THEN
             v_prio := rec.priority;
             v_served := '{}';
