@@ -31,72 +31,84 @@ DECLARE
     v_prio integer;
     v_served text[] := '{}';
     v_tenants bigint;
+    v_counted integer;  -- the priority v_tenants counts
+    v_k integer;  -- how many this pass may claim
+    v_before integer;
 BEGIN
     WHILE got < p_n LOOP
+        v_k := p_n - got;
+        v_before := got;
+        FOR rec IN
         WITH clock AS MATERIALIZED (
             SELECT extract(epoch FROM clock_timestamp())::float8 AS now
+        ), expired AS MATERIALIZED (
+            SELECT e.id FROM agent_dispatch_queue e
+             WHERE e.deadline_unix IS NOT NULL AND e.deadline_unix <= (SELECT now FROM clock)
+               AND e.visible_at <= (SELECT now FROM clock)
+             ORDER BY e.deadline_unix
+             LIMIT 1 FOR UPDATE OF e SKIP LOCKED
+        ), round AS MATERIALIZED (
+            -- Else up to v_k tenants of the top priority that no other claim is
+            -- serving right now (their row is locked by it until it commits; its
+            -- snapshot of last_served is not ours yet), least recently served
+            -- first, one session head each: one tenant is not served many times
+            -- in a row while a claim stalls. Priority order is kept: only the top
+            -- priority, and the walk below covers everything else.
+            SELECT h.id FROM dispatch_fair_tenants t
+             CROSS JOIN LATERAL (
+                 SELECT x.tenant_ref, x.priority FROM dispatch_fair_tenants x
+                 WHERE x.priority = t.priority AND x.tenant_ref = t.tenant_ref
+                 FOR NO KEY UPDATE SKIP LOCKED
+             ) tl
+             CROSS JOIN LATERAL (
+                 SELECT q.id FROM dispatch_fair_groups g
+                 CROSS JOIN LATERAL (
+                     SELECT q.id, q.visible_at, q.session_ref, q.item_seq FROM agent_dispatch_queue q
+                     WHERE q.group_ref = g.group_ref AND q.priority = g.priority
+                     ORDER BY q.item_seq, q.id
+                     LIMIT 1 FOR UPDATE OF q SKIP LOCKED
+                 ) q
+                 WHERE g.tenant_ref = tl.tenant_ref AND g.priority = tl.priority
+                   AND q.visible_at <= (SELECT now FROM clock)
+                   AND NOT EXISTS (
+                       SELECT 1 FROM agent_dispatch_queue p
+                       WHERE p.session_ref = q.session_ref AND (p.item_seq, p.id) < (q.item_seq, q.id)
+                   )
+                 ORDER BY g.last_served, g.deadline_key, g.since
+                 LIMIT 1
+             ) h
+             WHERE NOT EXISTS (SELECT 1 FROM expired)
+               AND t.priority = (SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1)
+               AND (t.priority IS DISTINCT FROM v_prio OR NOT (t.tenant_ref = ANY(v_served)))
+             ORDER BY t.priority DESC, t.last_served, t.since
+             LIMIT v_k
+        ), walk AS MATERIALIZED (
+            -- Else one turn, walking every priority and tenant in order.
+            SELECT h.id FROM dispatch_fair_tenants t
+             CROSS JOIN LATERAL (
+                 SELECT q.id FROM dispatch_fair_groups g
+                 CROSS JOIN LATERAL (
+                     SELECT q.id, q.visible_at, q.session_ref, q.item_seq FROM agent_dispatch_queue q
+                     WHERE q.group_ref = g.group_ref AND q.priority = g.priority
+                     ORDER BY q.item_seq, q.id
+                     LIMIT 1 FOR UPDATE OF q SKIP LOCKED
+                 ) q
+                 WHERE g.tenant_ref = t.tenant_ref AND g.priority = t.priority
+                   AND q.visible_at <= (SELECT now FROM clock)
+                   AND NOT EXISTS (
+                       SELECT 1 FROM agent_dispatch_queue p
+                       WHERE p.session_ref = q.session_ref AND (p.item_seq, p.id) < (q.item_seq, q.id)
+                   )
+                 ORDER BY g.last_served, g.deadline_key, g.since
+                 LIMIT 1
+             ) h
+             WHERE NOT EXISTS (SELECT 1 FROM expired) AND NOT EXISTS (SELECT 1 FROM round)
+               AND (v_prio IS NULL OR t.priority > v_prio
+                    OR (t.priority = v_prio AND NOT (t.tenant_ref = ANY(v_served))))
+             ORDER BY t.priority DESC, t.last_served, t.since
+             LIMIT 1
         ), pick AS MATERIALIZED (
-            SELECT coalesce(
-                (SELECT e.id FROM agent_dispatch_queue e
-                 WHERE e.deadline_unix IS NOT NULL AND e.deadline_unix <= (SELECT now FROM clock)
-                   AND e.visible_at <= (SELECT now FROM clock)
-                 ORDER BY e.deadline_unix
-                 LIMIT 1 FOR UPDATE OF e SKIP LOCKED),
-                -- First, tenants of the top priority that no other claim is serving
-                -- right now (their row is locked by it until it commits; its snapshot
-                -- of last_served is not ours yet): one tenant is not served many
-                -- times in a row while a claim stalls. Priority order is kept: only
-                -- the top priority, and the walk below covers everything else.
-                (SELECT h.id FROM dispatch_fair_tenants t
-                 CROSS JOIN LATERAL (
-                     SELECT x.tenant_ref, x.priority FROM dispatch_fair_tenants x
-                     WHERE x.priority = t.priority AND x.tenant_ref = t.tenant_ref
-                     FOR NO KEY UPDATE SKIP LOCKED
-                 ) tl
-                 CROSS JOIN LATERAL (
-                     SELECT q.id FROM dispatch_fair_groups g
-                     CROSS JOIN LATERAL (
-                         SELECT q.id, q.visible_at, q.session_ref, q.item_seq FROM agent_dispatch_queue q
-                         WHERE q.group_ref = g.group_ref AND q.priority = g.priority
-                         ORDER BY q.item_seq, q.id
-                         LIMIT 1 FOR UPDATE OF q SKIP LOCKED
-                     ) q
-                     WHERE g.tenant_ref = tl.tenant_ref AND g.priority = tl.priority
-                       AND q.visible_at <= (SELECT now FROM clock)
-                       AND NOT EXISTS (
-                           SELECT 1 FROM agent_dispatch_queue p
-                           WHERE p.session_ref = q.session_ref AND (p.item_seq, p.id) < (q.item_seq, q.id)
-                       )
-                     ORDER BY g.last_served, g.deadline_key, g.since
-                     LIMIT 1
-                 ) h
-                 WHERE t.priority = (SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1)
-                   AND (t.priority IS DISTINCT FROM v_prio OR NOT (t.tenant_ref = ANY(v_served)))
-                 ORDER BY t.priority DESC, t.last_served, t.since
-                 LIMIT 1),
-                (SELECT h.id FROM dispatch_fair_tenants t
-                 CROSS JOIN LATERAL (
-                     SELECT q.id FROM dispatch_fair_groups g
-                     CROSS JOIN LATERAL (
-                         SELECT q.id, q.visible_at, q.session_ref, q.item_seq FROM agent_dispatch_queue q
-                         WHERE q.group_ref = g.group_ref AND q.priority = g.priority
-                         ORDER BY q.item_seq, q.id
-                         LIMIT 1 FOR UPDATE OF q SKIP LOCKED
-                     ) q
-                     WHERE g.tenant_ref = t.tenant_ref AND g.priority = t.priority
-                       AND q.visible_at <= (SELECT now FROM clock)
-                       AND NOT EXISTS (
-                           SELECT 1 FROM agent_dispatch_queue p
-                           WHERE p.session_ref = q.session_ref AND (p.item_seq, p.id) < (q.item_seq, q.id)
-                       )
-                     ORDER BY g.last_served, g.deadline_key, g.since
-                     LIMIT 1
-                 ) h
-                 WHERE v_prio IS NULL OR t.priority > v_prio
-                    OR (t.priority = v_prio AND NOT (t.tenant_ref = ANY(v_served)))
-                 ORDER BY t.priority DESC, t.last_served, t.since
-                 LIMIT 1)
-            ) AS id
+            SELECT id FROM expired UNION ALL SELECT id FROM round UNION ALL SELECT id FROM walk
         ), claimed AS (
             UPDATE agent_dispatch_queue q
             SET claimed_by = p_owner, claimed_at = clock.now, visible_at = clock.now + p_vis,
@@ -110,49 +122,62 @@ BEGIN
             -- ever waits for a fairness row.
             SELECT c.priority, c.group_ref, c.tenant_ref, nextval('dispatch_served_seq') AS n FROM claimed c
         ), lock_group AS MATERIALIZED (
-            SELECT x.priority, x.group_ref FROM dispatch_fair_groups x
-            JOIN mark m ON x.priority = m.priority AND x.group_ref = m.group_ref
-            FOR NO KEY UPDATE OF x SKIP LOCKED
+            -- One index probe per claimed row (a join could become a scan).
+            SELECT x.priority, x.group_ref FROM mark m
+            CROSS JOIN LATERAL (
+                SELECT x.priority, x.group_ref FROM dispatch_fair_groups x
+                WHERE x.priority = m.priority AND x.group_ref = m.group_ref
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) x
         ), served_group AS (
             UPDATE dispatch_fair_groups g SET last_served = m.n
             FROM lock_group l, mark m
             WHERE g.priority = l.priority AND g.group_ref = l.group_ref
+              AND m.priority = l.priority AND m.group_ref = l.group_ref
         ), lock_tenant AS MATERIALIZED (
-            SELECT x.priority, x.tenant_ref FROM dispatch_fair_tenants x
-            JOIN mark m ON x.priority = m.priority AND x.tenant_ref = m.tenant_ref
-            FOR NO KEY UPDATE OF x SKIP LOCKED
+            SELECT x.priority, x.tenant_ref FROM mark m
+            CROSS JOIN LATERAL (
+                SELECT x.priority, x.tenant_ref FROM dispatch_fair_tenants x
+                WHERE x.priority = m.priority AND x.tenant_ref = m.tenant_ref
+                FOR NO KEY UPDATE SKIP LOCKED
+            ) x
         ), served_tenant AS (
             UPDATE dispatch_fair_tenants t SET last_served = m.n
             FROM lock_tenant l, mark m
             WHERE t.priority = l.priority AND t.tenant_ref = l.tenant_ref
+              AND m.priority = l.priority AND m.tenant_ref = l.tenant_ref
         )
         SELECT c.id, c.envelope, c.deliveries, c.claimed_at, c.job_id,
                r.now, r.item, r.leaf, r.blocker_status, r.blocker_expires_at, c.tenant_ref, c.priority
-        INTO rec
         FROM claimed c
         LEFT JOIN LATERAL (
             SELECT * FROM dispatch_item_read(c.job_id, true) WHERE p_read
-        ) r ON true;
-        IF NOT FOUND THEN
+        ) r ON true
+        LOOP
+            id := rec.id; envelope := rec.envelope; deliveries := rec.deliveries; claimed_at := rec.claimed_at;
+            job_id := rec.job_id; now := rec.now; item := rec.item; leaf := rec.leaf;
+            blocker_status := rec.blocker_status; blocker_expires_at := rec.blocker_expires_at;
+            RETURN NEXT;
+            got := got + 1;
+            IF rec.priority IS DISTINCT FROM v_prio THEN
+                v_prio := rec.priority;
+                v_served := '{}';
+            END IF;
+            v_served := v_served || rec.tenant_ref;
+        END LOOP;
+        IF got = v_before THEN
             EXIT WHEN v_prio IS NULL;
             v_prio := NULL;  -- the rest of the round is taken or locked: a new round
             v_served := '{}';
             CONTINUE;
         END IF;
-        id := rec.id; envelope := rec.envelope; deliveries := rec.deliveries; claimed_at := rec.claimed_at;
-        job_id := rec.job_id; now := rec.now; item := rec.item; leaf := rec.leaf;
-        blocker_status := rec.blocker_status; blocker_expires_at := rec.blocker_expires_at;
-        RETURN NEXT;
-        got := got + 1;
         EXIT WHEN got >= p_n;  -- the batch is full (a single get ends here)
-        IF rec.priority IS DISTINCT FROM v_prio THEN
-            v_prio := rec.priority;
-            v_served := '{}';
+        IF v_counted IS DISTINCT FROM v_prio THEN
+            v_counted := v_prio;
             v_tenants := (SELECT count(*) FROM (
                 SELECT 1 FROM dispatch_fair_tenants x WHERE x.priority = v_prio
                 ORDER BY x.priority DESC, x.last_served, x.since LIMIT p_n + 1) n);
         END IF;
-        v_served := v_served || rec.tenant_ref;
         IF cardinality(v_served) >= v_tenants THEN
             v_prio := NULL;  -- every tenant of this priority served once: a new round
             v_served := '{}';
