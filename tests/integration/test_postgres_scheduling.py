@@ -222,13 +222,16 @@ def test_fairness_small_tenants_are_not_starved(h: Harness) -> None:
     assert all(ran.count(s) == 100 for s in smalls), {t: ran.count(t) for t in set(ran)}
     assert last_small < 1100
     assert all_queued > 800  # the small tenants drained together, not one after another
-    # Interleaved: every 30 consecutive claims there reach at least 8 of the
-    # 10 tenants. Concurrent claims do not see each other's fairness marks
-    # until they commit, so single claims of several threads made while one
-    # thread's batch is open may repeat the tenant it served last: runs stay
-    # short but are not 1 (up to 8 seen on a loaded machine).
-    windows = [set(order[i : i + 30]) for i in range(all_queued + 1 - 30)]
+    # Interleaved: every 40 consecutive claims there reach at least 8 of the
+    # 10 tenants. Least recently served is approximate across claimants: a
+    # claim does not see other claims' fairness marks until they commit, and
+    # skips marking a tenant row another open claim holds. So single claims of
+    # several threads, made while another thread's batch holds every tenant
+    # row, may serve one tenant several times in a row (up to 16 seen on a
+    # CPU-starved machine). One batch serving one tenant (the failure this
+    # guards against) gives runs of 24-32.
+    windows = [set(order[i : i + 40]) for i in range(all_queued + 1 - 40)]
     worst = min(range(len(windows)), key=lambda i: len(windows[i]))
-    assert len(windows[worst]) >= 8, (worst, order[max(0, worst - 30) : worst + 60])
-    assert longest_run <= 12
+    assert len(windows[worst]) >= 8, (worst, order[max(0, worst - 30) : worst + 70])
+    assert longest_run < 24
     assert order[: all_queued + 1].count("big") <= (all_queued + 1) / 8  # its share is 1/10

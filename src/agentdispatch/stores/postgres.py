@@ -183,7 +183,10 @@ class PostgresStore:
 
     def commit_many(self, done: Sequence[tuple[Lease, Outcome]]) -> list[WorkItem | LeaseLost]:
         def op(tx: PostgresTx) -> list[WorkItem | LeaseLost]:
-            tx.read_items([lease.job_id for lease, _ in done])
+            if len(done) == 1:
+                tx.read_item(done[0][0].job_id)  # one plain function call
+            else:
+                tx.read_items([lease.job_id for lease, _ in done])
             out: list[WorkItem | LeaseLost] = []
             for lease, outcome in done:
                 try:

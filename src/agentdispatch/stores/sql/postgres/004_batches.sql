@@ -200,3 +200,19 @@ BEGIN
            NOT EXISTS (SELECT 1 FROM work_dependencies d WHERE d.depends_on = w.id)
     FROM work_items w WHERE w.id = ANY(p_ids);
 END $$;
+
+-- Acknowledgements come in batches (one DELETE per batch of turns): prune
+-- the emptied groups (then tenants) once per statement, set-based, instead
+-- of once per row. Same protocol: nothing waits for a fairness row.
+CREATE OR REPLACE FUNCTION dispatch_queue_removed_rows() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM dispatch_fair_prune(array_agg(k.priority), array_agg(k.group_ref))
+    FROM (SELECT DISTINCT r.priority, r.group_ref FROM removed r) k;
+    RETURN NULL;
+END $$;
+
+DROP TRIGGER IF EXISTS queue_removed ON agent_dispatch_queue;
+CREATE TRIGGER queue_removed AFTER DELETE ON agent_dispatch_queue
+    REFERENCING OLD TABLE AS removed FOR EACH STATEMENT EXECUTE FUNCTION dispatch_queue_removed_rows();
+DROP FUNCTION IF EXISTS dispatch_queue_removed();
