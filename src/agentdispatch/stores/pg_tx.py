@@ -96,6 +96,14 @@ class PostgresTx:
             self._saves.clear()
             self._events.clear()
             return
+        if last and self._inserts and self._enqueues and not self._saves and len(self._inserts) <= 8:
+            # A small submission (the usual API call): its one write rides with
+            # the COMMIT, one round trip less before the caller has its handle.
+            self.c.defer(Q["submit_write"], self._submit_params())
+            self._inserts.clear()
+            self._events.clear()
+            self._enqueues.clear()
+            return
         # Plain round trips: for the usual two or three statements they beat
         # entering pipeline mode; executemany pipelines many saves by itself.
         # Arrays travel in binary: text-format array quoting dominates bulk submits.
@@ -120,10 +128,7 @@ class PostgresTx:
             return
         if self._inserts and self._enqueues and not self._saves:
             # The usual submission: items, events and envelopes in one statement.
-            params = _columns(self._inserts, _INSERT_COLS)
-            params.update({f"e_{k}": v for k, v in _columns(self._events, _EVENT_COLS).items()})
-            params.update({f"q_{k}": v for k, v in _columns(self._enqueues, _ENQUEUE_COLS).items()})
-            self.c.execute(Q["submit_write"], params, binary=True)
+            self.c.execute(Q["submit_write"], self._submit_params(), binary=True)
             self._inserts.clear()
             self._events.clear()
             self._enqueues.clear()
@@ -145,6 +150,12 @@ class PostgresTx:
         self._saves.clear()
         self._events.clear()
         self._enqueues.clear()
+
+    def _submit_params(self) -> dict[str, list[Any]]:
+        params = _columns(self._inserts, _INSERT_COLS)
+        params.update({f"e_{k}": v for k, v in _columns(self._events, _EVENT_COLS).items()})
+        params.update({f"q_{k}": v for k, v in _columns(self._enqueues, _ENQUEUE_COLS).items()})
+        return params
 
     def _one(self, sql: str, params: Any = None) -> dict[str, Any] | None:
         self.flush()
