@@ -96,14 +96,6 @@ class PostgresTx:
             self._saves.clear()
             self._events.clear()
             return
-        if last and self._inserts and self._enqueues and not self._saves and len(self._inserts) <= 8:
-            # A small submission (the usual API call): its one write rides with
-            # the COMMIT, one round trip less before the caller has its handle.
-            self.c.defer(Q["submit_write"], self._submit_params())
-            self._inserts.clear()
-            self._events.clear()
-            self._enqueues.clear()
-            return
         # Plain round trips: for the usual two or three statements they beat
         # entering pipeline mode; executemany pipelines many saves by itself.
         # Arrays travel in binary: text-format array quoting dominates bulk submits.
@@ -128,7 +120,12 @@ class PostgresTx:
             return
         if self._inserts and self._enqueues and not self._saves:
             # The usual submission: items, events and envelopes in one statement.
-            self.c.execute(Q["submit_write"], self._submit_params(), binary=True)
+            if last and len(self._inserts) <= 8:
+                # A small one (the usual API call) rides with the COMMIT: one
+                # round trip less before the caller has its handle.
+                self.c.defer(Q["submit_write"], self._submit_params())
+            else:
+                self.c.execute(Q["submit_write"], self._submit_params(), binary=True)
             self._inserts.clear()
             self._events.clear()
             self._enqueues.clear()
