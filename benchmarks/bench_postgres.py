@@ -550,8 +550,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dispatch-count", type=int, default=500)
     p.add_argument("--batch-max", type=int, default=32, help="WorkerOptions.batch_max (1: a commit per turn)")
     p.add_argument("--skip-dispatch", action="store_true", help="skip the dispatch latency runs")
+    p.add_argument("--skip-drain", action="store_true", help="skip the drain throughput runs")
     args = p.parse_args(argv)
-    bench_submit_and_drain(args.turns, args.batch, args.threads, args.procs, args.batch_max)
+    if not args.skip_drain:
+        bench_submit_and_drain(args.turns, args.batch, args.threads, args.procs, args.batch_max)
     if not args.skip_big:
         bench_claim_latency(args.big, args.samples)
     if args.skip_dispatch:

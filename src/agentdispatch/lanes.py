@@ -35,12 +35,16 @@ class Lane:
     claimed: deque[tuple[Delivery, Step]] = field(default_factory=deque)
     done: list[Finished] = field(default_factory=list)
     since: float = 0.0  # when the oldest finished turn finished (monotonic)
-    #: Wall seconds per turn while turns follow each other in this lane, every
-    #: cost included (claims, commits, handler): what sizes the next batch so
-    #: that a claimed turn starts within the budget.
+    #: Wall seconds from one turn's start to the next within a batch (the
+    #: handler and whatever else the thread waits for, such as other threads;
+    #: not the commit and claims between batches, which a bigger batch shares
+    #: out): what sizes the next batch so that a claimed turn starts within
+    #: the budget. Counting the commit in kept a slow machine at batches of one.
     pace: float | None = None
     mark: float = 0.0  # when the last turn started (0: the lane was idle)
     running: bool = False  # a turn of this lane is executing now
+    #: The last claim found the queue empty: the next waits for news first.
+    dry: bool = False
 
     def step(self, now: float, *, chained: bool) -> None:
         """A turn starts now; ``chained``: straight after the previous one."""

@@ -217,6 +217,12 @@ class Worker:
         if stolen is not None:
             lane.step(time.monotonic(), chained=False)
             return self._execute(*stolen, owner=owner, index=index, loop=loop)
+        if lane.dry:
+            # The claim that rode with the last commit found nothing: wait for
+            # a notification since then (or the poll) before claiming again.
+            lane.dry = False
+            self.transport.wait(self.options.get_wait_s)
+            return None
         got = self._get_and_claim(owner)
         if got is None:
             if self.transport.shared_database:
@@ -390,10 +396,14 @@ class Worker:
         if want > ride and not dry:
             more: list[tuple[Delivery, Step]] = []
             try:
-                self._claim_into(more, owner, want - ride)  # short transactions of their own
+                dry = self._claim_into(more, owner, want - ride)  # short transactions of their own
             except AgentDispatchError as exc:  # keep what was claimed; the loop goes on
                 log.warning("claiming the next turns failed: %s", exc)
             lane.claimed.extend(more)
+        lane.dry = dry and not lane.claimed
+        # The next start follows this commit and its claims: a cost per batch,
+        # not the step between turns of a batch that sizes the next one.
+        lane.mark = 0.0
         return label
 
     def _refill(self, lane: Lane) -> int:

@@ -12,6 +12,7 @@ import pytest
 from agentdispatch.dispatch import Dispatcher, Submission
 from agentdispatch.errors import QueueFull
 from agentdispatch.settings import load_settings
+from agentdispatch.stores.base import NewJob
 from agentdispatch.stores.postgres import PostgresStore
 from agentdispatch.transports.postgres import PostgresTransport
 from pg import admin, create_schema
@@ -185,3 +186,63 @@ def test_intake_backlog_bound_holds_under_16_concurrent_connections(schema: tupl
     assert row is not None
     assert len(admitted) + refused[0] == writers * per_writer
     assert int(row[0]) == len(admitted) == bound  # never above it, and filled to it
+
+
+def _job(job_id: str) -> NewJob:
+    return NewJob(job_id=job_id, tenant="default", session_id=job_id, kind="echo", payload=None, max_attempts=3)
+
+
+def test_one_statement_submit_keeps_database_time_order_and_idempotency(
+    schema: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The usual submission is one statement planned in the client: its times
+    still come from the database clock (a client an hour ahead changes
+    nothing), sequence numbers follow submission order, a repeated id in the
+    batch answers with the first, and a known id takes the general path and
+    answers with the stored item, writing nothing."""
+    import json
+    import time
+
+    from agentdispatch.stores import postgres as pg_store
+
+    name, uri = schema
+    store = PostgresStore(uri)
+    d = Dispatcher(store, PostgresTransport(store, listen=False), load_settings(STATE_DB_URI=uri))
+    real = time.time
+    monkeypatch.setattr(pg_store.time, "time", lambda: real() + 3600.0)
+    try:
+        jobs = [_job(f"j{i}") for i in range(3)] + [_job("j1")]
+        accepted = store.submit(jobs, max_depth=100)
+        assert [a.created for a in accepted] == [True, True, True, False]
+        assert accepted[3].item is accepted[1].item
+        with admin() as conn:
+            db_now = float(conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()[0])
+            rows = conn.execute(
+                f"SELECT w.id, w.seq, w.created_at, w.ready_at, q.item_seq, q.enqueued_at, q.visible_at, q.envelope "
+                f"FROM {name}.work_items w JOIN {name}.agent_dispatch_queue q ON q.job_id = w.id ORDER BY w.seq"
+            ).fetchall()
+            events = conn.execute(f"SELECT job_id, at FROM {name}.work_events ORDER BY id").fetchall()
+        assert [r[0] for r in rows] == ["j0", "j1", "j2"]
+        for (_job_id, seq, created, ready, item_seq, enqueued, visible, envelope), a in zip(
+            rows, accepted, strict=False
+        ):
+            assert abs(created - db_now) < 30, "times come from the database clock"
+            assert (a.item.seq, a.item.created_at, a.item.ready_at) == (seq, created, ready)
+            assert item_seq == seq and enqueued == created and visible == created
+            assert json.loads(envelope)["enqueued_at"] == enqueued
+        assert [e[0] for e in events] == ["j0", "j1", "j2"] and all(abs(e[1] - db_now) < 30 for e in events)
+
+        again = d.submit(Submission(kind="echo", job_id="j1", tenant="default"))
+        assert again.job_id == "j1"
+        again_many = store.submit([_job("j2"), _job("j9")], max_depth=100)
+        assert [a.created for a in again_many] == [False, True]
+        assert again_many[0].item.seq == rows[2][1]
+        with admin() as conn:
+            counts = conn.execute(
+                f"SELECT (SELECT count(*) FROM {name}.work_items), (SELECT count(*) FROM {name}.agent_dispatch_queue)"
+            ).fetchone()
+        assert counts == (4, 4)
+        with pytest.raises(QueueFull, match="4 active turns"):
+            store.submit([_job("j10")], max_depth=4)
+    finally:
+        store.close()

@@ -117,6 +117,11 @@ def _owned(tx: Tx, job_id: str, tenant: str | None) -> WorkItem:
     return item
 
 
+def queue_full(depth: int, max_depth: int) -> QueueFull:
+    """The refusal of a submission that ``depth`` active items leave no room for."""
+    return QueueFull(f"queue full: {depth} active turns, bound AGENT_DISPATCH_MAX_DEPTH={max_depth}")
+
+
 def submit(tx: Tx, jobs: Sequence[NewJob], max_depth: int) -> list[Accepted]:
     """Insert new items (idempotently by id) after compare-and-admit."""
     now = tx.now()
@@ -137,7 +142,7 @@ def submit(tx: Tx, jobs: Sequence[NewJob], max_depth: int) -> list[Accepted]:
         admitted = getattr(tx, "admitted_depth", None)
         depth = admitted(len(fresh), max_depth) if admitted is not None else tx.active_count()
         if depth + len(fresh) > max_depth:
-            raise QueueFull(f"queue full: {depth} active turns, bound AGENT_DISPATCH_MAX_DEPTH={max_depth}")
+            raise queue_full(depth, max_depth)
     # Handles come back in submission order; a repeated id answers with the first.
     out: list[Accepted] = []
     seen: dict[str, WorkItem] = {}

@@ -10,6 +10,7 @@ per write.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -214,6 +215,33 @@ class PostgresTx:
         self._seqs = [int(x) for x in reversed(row["seqs"] or [])]
         found = {r["id"]: item_from_row(r) for r in (row["items"] or [])}
         self._prefetched = {i: found.get(i) for i in ids}
+
+    def plan_new(self, job_ids: Sequence[str], at: float) -> None:
+        """Plan a submission of new items without reading anything: none of
+        ``job_ids`` exists, the clock is ``at`` (the client's) and admission
+        is left to :meth:`write_new`, which checks all three as it writes."""
+        self._now = at
+        self._depth = 0
+        self._prefetched = dict.fromkeys(job_ids)
+        self._seqs = [0] * len(job_ids)  # drawn by the write
+
+    def write_new(self, max_depth: int) -> dict[str, Any]:
+        """The rows planned after :meth:`plan_new`, in one statement
+        (``dispatch_submit_new``); its answer says whether they were written."""
+        assert not self._saves and self._now is not None
+        params = {
+            "max": max_depth,
+            "at": self._now,
+            "items": json.dumps(self._inserts),
+            "events": json.dumps(self._events),
+            "queue": json.dumps(self._enqueues),
+        }
+        self._inserts.clear()
+        self._events.clear()
+        self._enqueues.clear()
+        row = self.c.execute(Q["submit_new"], params).fetchone()
+        assert row is not None
+        return row
 
     def reserve_seqs(self, n: int) -> None:
         """Allocate ``n`` item sequence numbers in one round trip."""

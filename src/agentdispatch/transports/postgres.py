@@ -176,8 +176,8 @@ class PostgresTransport:
         self._local.seen = self._wake.generation()
 
         def claim(conn: Conn) -> list[dict[str, Any]]:
-            # Prepared (its plan is costly): a pending BEGIN goes ahead of it.
-            return conn.execute(Q["get"], params, prepare=True).fetchall()
+            # A function call (its plans are cached inside): a pending BEGIN rides with it.
+            return conn.execute(Q["get"], params).fetchall()
 
         # One statement in autocommit: one round trip. Retrying after a lost
         # connection is safe: a claim that did commit only delays those rows.

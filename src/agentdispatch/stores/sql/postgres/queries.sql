@@ -16,6 +16,10 @@ SELECT now, item, leaf FROM dispatch_items_read(%(ids)b::text[])
 -- name: submit_read
 SELECT now, depth, seqs, items FROM dispatch_submit_read(%(ids)b::text[], %(n)s, %(max)s)
 
+-- name: submit_new
+SELECT outcome, depth, shift, seqs
+FROM dispatch_submit_new(%(max)s, %(at)s, %(items)s::json, %(events)s::json, %(queue)s::json)
+
 -- name: submit_write
 -- A submission's rows in one statement (items, provenance, envelopes); the
 -- statement triggers run at its end, as they would after three statements.
