@@ -53,6 +53,13 @@ class Lane:
             self.pace = sample if self.pace is None else self.pace * 0.8 + sample * 0.2
         self.mark = now
 
+    def committed(self, *, dry: bool) -> None:
+        """The lane's finished turns were committed (and its next ones claimed);
+        ``dry``: the claims found the queue empty. The next start is not a step
+        within a batch: it does not count towards the pace."""
+        self.mark = 0.0
+        self.dry = dry and not self.claimed
+
     def stalled(self, now: float, after_s: float) -> bool:
         """Whether the running turn has held the claimed ones up for ``after_s``."""
         return self.running and bool(self.claimed) and now - self.mark > after_s

@@ -400,10 +400,7 @@ class Worker:
             except AgentDispatchError as exc:  # keep what was claimed; the loop goes on
                 log.warning("claiming the next turns failed: %s", exc)
             lane.claimed.extend(more)
-        lane.dry = dry and not lane.claimed
-        # The next start follows this commit and its claims: a cost per batch,
-        # not the step between turns of a batch that sizes the next one.
-        lane.mark = 0.0
+        lane.committed(dry=dry)
         return label
 
     def _refill(self, lane: Lane) -> int:

@@ -1,4 +1,4 @@
-"""Pure policy math: backoff, lease timing, opaque references, backpressure."""
+"""Pure policy math: backoff, lease timing, opaque references, backpressure, batch pacing."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from agentdispatch.lanes import Lane
 from agentdispatch.policy import (
     LEASE_RTO_S,
     Backpressure,
@@ -190,3 +191,27 @@ def test_backpressure_mean_latency_needs_a_window() -> None:
     for _ in range(20):
         bp.record(True, 0.002)  # the window forgets the older turns
     assert bp.mean_latency() == pytest.approx(0.002)
+
+
+def test_lane_pace_counts_steps_within_a_batch_not_the_commit_between() -> None:
+    """A slow commit between batches must not size the next batch: counted in,
+    it kept a machine whose commit takes about the budget at batches of one."""
+    lane = Lane()
+    lane.step(10.000, chained=False)
+    lane.step(10.002, chained=True)
+    assert lane.pace == pytest.approx(0.002)
+    lane.committed(dry=False)
+    lane.step(10.040, chained=True)  # 38 ms later: the commit and claims
+    assert lane.pace == pytest.approx(0.002)
+    lane.step(10.042, chained=True)
+    assert lane.pace == pytest.approx(0.002)
+    assert batch_size(lane.pace, budget_s=0.025, cap=32) == 12
+
+
+def test_lane_waits_for_news_only_when_its_claims_ran_dry_and_nothing_is_claimed() -> None:
+    lane = Lane()
+    lane.committed(dry=True)
+    assert lane.dry
+    lane.claimed.append(object())  # type: ignore[arg-type]
+    lane.committed(dry=True)
+    assert not lane.dry
