@@ -82,3 +82,20 @@ def test_a_read_never_outlives_its_transaction(h: Harness, reads: list[str]) -> 
     # A stale read would have claimed the cancelled item.
     assert claim.kind is ClaimKind.SKIPPED
     assert reads == [handle.job_id]
+
+
+def test_a_notification_says_how_many_rows_came(h: Harness) -> None:
+    """Idle workers wake one waiter per row: a single submission notifies with
+    no count (one waiter), a batch also with its size (that many waiters)."""
+    import psycopg
+
+    from agentdispatch.transports.postgres import CHANNEL, PostgresTransport
+
+    assert isinstance(h.transport, PostgresTransport)
+    with psycopg.connect(h.transport.db.uri, autocommit=True) as listen:
+        listen.execute(f"LISTEN {CHANNEL}")
+        d = h.dispatcher()
+        d.submit(Submission(kind="note", tenant="t1", payload=1))
+        d.submit_many([Submission(kind="note", tenant=f"t{i}", payload=i) for i in range(5)])
+        got = [n.payload for n in listen.notifies(timeout=2.0, stop_after=3)]
+    assert got == ["", "", "5"]

@@ -42,15 +42,16 @@ class _Wakeup:
         with self._cond:
             return self._gen
 
-    def bump(self, *, everyone: bool = True) -> None:
-        """Move the counter; wake every waiter, or one (a notification that
-        says "new rows": the woken waiter passes it on when it found one)."""
+    def bump(self, waiters: int | None = None) -> None:
+        """Move the counter; wake every waiter, or ``waiters`` of them (a
+        notification says how many rows came: more waiters would only race
+        the woken ones for them)."""
         with self._cond:
             self._gen += 1
-            if everyone:
+            if waiters is None:
                 self._cond.notify_all()
             else:
-                self._cond.notify(1)
+                self._cond.notify(waiters)
 
     def wait(self, seen: int, timeout: float) -> None:
         with self._cond:
@@ -103,9 +104,9 @@ class _Listener:
                     backoff = 0.1
                     last_probe = time.monotonic()
                     while not self._stop.is_set():
-                        for _ in conn.notifies(timeout=1.0, stop_after=1):
-                            # One waiter, not all: the others would only race it for one row.
-                            self.wake.bump(everyone=False)
+                        for note in conn.notifies(timeout=1.0, stop_after=1):
+                            # As many waiters as rows came (the payload of a bulk insert).
+                            self.wake.bump(int(note.payload) if note.payload.isdigit() else 1)
                         if time.monotonic() - last_probe > 15.0:
                             # A half-open connection delivers nothing: probe it.
                             conn.execute("SELECT 1")
@@ -182,12 +183,6 @@ class PostgresTransport:
         # One statement in autocommit: one round trip. Retrying after a lost
         # connection is safe: a claim that did commit only delays those rows.
         rows = self.db.run(claim, single=True, idempotent=True)
-        woken, self._local.woken = getattr(self._local, "woken", False), False
-        if not rows:
-            return []
-        if woken:
-            # Woken alone: there may be more rows, wake the next waiter.
-            self._wake.bump(everyone=False)
         out = []
         for row in rows:
             if read and row["now"] is not None:
@@ -223,7 +218,6 @@ class PostgresTransport:
             seen = self._wake.generation()
         poll = self.poll_s if listener is not None and listener.healthy else self.fallback_poll_s
         self._wake.wait(seen, min(poll, max(0.0, timeout_s)))
-        self._local.woken = True
 
     def _receipt(self, delivery: Delivery) -> dict[str, Any]:
         r = delivery.receipt

@@ -93,3 +93,21 @@ BEGIN
         RETURN QUERY SELECT * FROM dispatch_claim_fair(p_owner, p_vis, p_n, p_read);
     END IF;
 END $$;
+
+-- Idle workers wake one waiter per notification; the queue_added trigger's
+-- notification (payload '') says "a row came". A statement that adds several
+-- rows also says how many, so as many idle waiters wake to claim them (no
+-- woken waiter has to wake the next one on the chance of more).
+CREATE OR REPLACE FUNCTION dispatch_queue_added_many() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    n bigint := (SELECT count(*) FROM added);
+BEGIN
+    IF n > 1 THEN
+        PERFORM pg_notify('agent_dispatch_queue', n::text);
+    END IF;
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS queue_added_many ON agent_dispatch_queue;
+CREATE TRIGGER queue_added_many AFTER INSERT ON agent_dispatch_queue
+    REFERENCING NEW TABLE AS added FOR EACH STATEMENT EXECUTE FUNCTION dispatch_queue_added_many();
