@@ -36,6 +36,10 @@ _ENQUEUE_COLS = (
 )  # fmt: skip
 
 
+#: A submission of up to this many items is small (the usual API call): its
+#: write is one statement with the COMMIT. Bulk goes as binary column arrays.
+SMALL_SUBMISSION = 8
+
 #: Columns sent as ``float8[]``: binary arrays must not mix ``int`` and ``float``.
 _FLOAT_COLS = frozenset(
     (
@@ -121,7 +125,7 @@ class PostgresTx:
             return
         if self._inserts and self._enqueues and not self._saves:
             # The usual submission: items, events and envelopes in one statement.
-            if last and len(self._inserts) <= 8:
+            if last and len(self._inserts) <= SMALL_SUBMISSION:
                 # A small one (the usual API call) rides with the COMMIT: one
                 # round trip less before the caller has its handle.
                 self.c.defer(Q["submit_write"], self._submit_params())

@@ -27,7 +27,7 @@ from ..workitem import Lease, Outcome, Status, WorkItem
 from . import engine
 from .base import Accepted, Claim, Effect, NewJob, SweepReport, WorkerRow
 from .pg_db import Conn, PgDb, describe, scalar
-from .pg_tx import PostgresTx, Q
+from .pg_tx import SMALL_SUBMISSION, PostgresTx, Q
 from .rows import effect_from_row, item_from_row, worker_from_row
 
 T = TypeVar("T")
@@ -141,7 +141,7 @@ class PostgresStore:
 
     # -- lifecycle --------------------------------------------------------------
     def submit(self, jobs: Sequence[NewJob], *, max_depth: int) -> list[Accepted]:
-        if not any(j.dependencies for j in jobs):
+        if len(jobs) <= SMALL_SUBMISSION and not any(j.dependencies for j in jobs):
             accepted = self._submit_new(jobs, max_depth)
             if accepted is not None:
                 return accepted
@@ -154,7 +154,8 @@ class PostgresStore:
         return self._run(op, durable=True)
 
     def _submit_new(self, jobs: Sequence[NewJob], max_depth: int) -> list[Accepted] | None:
-        """The usual submission (no dependencies) in one statement: the engine
+        """A small submission without dependencies (the usual API call) in one
+        statement (bulk is faster as binary arrays on the general path): the engine
         plans it as if every id were new, ``dispatch_submit_new`` checks that,
         admits and writes. None when an id exists already (nothing written)."""
         key = self._key()
