@@ -19,6 +19,7 @@
     python benchmarks/bench_postgres.py --big 100000         # a smaller big backlog
     python benchmarks/bench_postgres.py --skip-big
     python benchmarks/bench_postgres.py --skip-big --skip-dispatch --batch-max 1   # A/B: a commit per turn
+    python benchmarks/bench_postgres.py --skip-drain --skip-big                  # dispatch latency only
 
 ``AGENTDISPATCH_TEST_PG`` names the server (default: the local development one).
 """
