@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import hmac
 import random
 import threading
@@ -51,7 +50,7 @@ def batch_size(mean_turn_s: float | None, *, budget_s: float, cap: int) -> int:
 def opaque_ref(key: bytes, *parts: str) -> str:
     """A keyed hash of ``parts``: a scheduling reference that hides names."""
     msg = "\x1f".join(parts).encode()
-    return hmac.new(key, msg, hashlib.sha256).hexdigest()[:24]
+    return hmac.digest(key, msg, "sha256").hex()[:24]  # the one-shot C digest
 
 
 @dataclass

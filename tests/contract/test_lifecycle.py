@@ -150,6 +150,39 @@ def test_dependencies_release_and_cancel(harness):
         d.submit(Submission(kind="echo", tenant="t", dependencies=("dispatch-" + "0" * 32,)))
 
 
+def test_a_big_batch_is_all_or_nothing_and_answers_each_job(harness):
+    """A bulk submit may be written in chunks while it is planned (PostgreSQL
+    streams them): every job still gets its own answer, in order, and a job
+    that fails late in the batch leaves nothing of the batch behind."""
+    d = harness.dispatcher()
+    old = d.submit(Submission(kind="echo", tenant="t", job_id="bulk-old"))
+    subs = [Submission(kind="echo", tenant=f"t{i % 7}", payload={"i": i}) for i in range(1000)]
+    subs[450] = Submission(kind="echo", tenant="t", job_id="bulk-old")  # exists: answered, not written
+    subs[451] = Submission(kind="echo", tenant="t", job_id="bulk-parent")
+    subs[852] = Submission(kind="echo", tenant="t", job_id="bulk-child", dependencies=("bulk-parent",))
+    subs[853] = Submission(kind="echo", tenant="t", job_id="bulk-parent")  # repeated: the first answers
+
+    def ready() -> int:
+        return len(d.jobs(None, Status.READY, limit=10_000))
+
+    before = ready()
+    handles = d.submit_many(subs)
+    assert len(handles) == 1000 and len({h.job_id for h in handles}) == 999
+    assert handles[450].job_id == "bulk-old"
+    assert handles[853].job_id == handles[451].job_id == "bulk-parent"
+    assert d.status("bulk-child", "t")["status"] == "submitted"
+    assert d.status(old.job_id, "t")["status"] == "ready"
+    assert harness.store.get(handles[999].job_id, "t5").payload == {"i": 999}
+    assert ready() == before + 997  # bulk-old was there; the child waits for its parent
+    # A bad dependency late in the batch: refused, and none of it was written.
+    late = [Submission(kind="echo", tenant="u", payload={"i": i}) for i in range(900)]
+    late[880] = Submission(kind="echo", tenant="u", dependencies=("bulk-no-such-parent",))
+    with pytest.raises(InvalidInput):
+        d.submit_many(late)
+    assert ready() == before + 997
+    assert d.jobs("u") == []
+
+
 def test_one_batch_mixes_new_existing_and_dependent_jobs(harness):
     """A bulk submit writes in few statements: what each job becomes (and the
     order a reader sees) must be that of one submission after another."""

@@ -11,7 +11,8 @@ per write.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from ..envelope import Envelope
@@ -85,6 +86,8 @@ class PostgresTx:
         self._saves: list[dict[str, Any]] = []
         self._events: list[dict[str, Any]] = []
         self._enqueues: list[dict[str, Any]] = []
+        #: While :meth:`streaming`: send the buffered rows every this many items.
+        self._chunk: int | None = None
 
     # -- buffering ------------------------------------------------------------
     def flush(self, *, last: bool = False) -> None:
@@ -152,6 +155,23 @@ class PostgresTx:
         self._saves.clear()
         self._events.clear()
         self._enqueues.clear()
+
+    @contextmanager
+    def streaming(self, chunk: int) -> Iterator[None]:
+        """Plan a bulk write while the server writes: every ``chunk`` planned
+        items go out as one statement in pipeline mode (sent at once, its
+        answer read when the block ends), so the server inserts a chunk while
+        the client plans the next. Reads inside still work (they wait for the
+        writes before them); errors surface at the end of the block, the
+        transaction then fails as a whole."""
+        self.c.send_pending()  # BEGIN cannot ride in pipeline mode
+        self._chunk = chunk
+        try:
+            with self.c.pipeline():
+                yield
+                self.flush()
+        finally:
+            self._chunk = None
 
     def _submit_params(self) -> dict[str, list[Any]]:
         params = _columns(self._inserts, _INSERT_COLS)
@@ -271,6 +291,8 @@ class PostgresTx:
         return opaque_ref(self.ref_key, "session", item.tenant, item.session_id)
 
     def insert(self, item: WorkItem) -> WorkItem:
+        if self._chunk is not None and len(self._inserts) >= self._chunk and not self._saves:
+            self.flush()  # the items planned so far: whole, the next starts here
         if not self._seqs:
             self.reserve_seqs(1)
         item = evolve(item, seq=self._seqs.pop())

@@ -35,6 +35,9 @@ _SQL_PKG = "agentdispatch.stores.sql.postgres"
 #: How long a worker-side write waits for a restarting database before it
 #: gives up (the lease TTL gives the turn slack meanwhile).
 WORKER_PATIENCE_S = 20.0
+#: A bulk submission streams its rows in chunks of this many items (see
+#: :meth:`PostgresTx.streaming`); a smaller one is written in one statement.
+BULK_CHUNK = 200
 
 
 class PostgresStore:
@@ -149,7 +152,10 @@ class PostgresStore:
         def op(tx: PostgresTx) -> list[Accepted]:
             # Admission first: submitters of the same job id see each other.
             tx.read_submit([j.job_id for j in jobs], len(jobs), max_depth)
-            return engine.submit(tx, jobs, max_depth)
+            if len(jobs) < 2 * BULK_CHUNK:
+                return engine.submit(tx, jobs, max_depth)
+            with tx.streaming(BULK_CHUNK):
+                return engine.submit(tx, jobs, max_depth)
 
         return self._run(op, durable=True)
 
