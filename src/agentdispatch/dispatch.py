@@ -75,6 +75,10 @@ def _ident(name: str, value: Any) -> str:
     return value
 
 
+#: The payload check's encoder (``json.dumps`` with options builds one per call).
+_PAYLOAD_JSON = json.JSONEncoder(allow_nan=False)
+
+
 def validate(sub: Submission, *, max_attempts: int, known_kinds: frozenset[str] | None) -> NewJob:
     """Turn a :class:`Submission` into a :class:`NewJob` or raise
     :class:`InvalidInput` / :class:`PayloadTooLarge`."""
@@ -84,11 +88,11 @@ def validate(sub: Submission, *, max_attempts: int, known_kinds: frozenset[str] 
         raise InvalidInput(f"unknown kind {sub.kind!r}; known: {', '.join(sorted(known_kinds))}")
     tenant = _ident("tenant", sub.tenant)
     try:
-        body = json.dumps(sub.payload, allow_nan=False)
+        body = _PAYLOAD_JSON.encode(sub.payload)
     except (TypeError, ValueError):
         raise InvalidInput("payload must be JSON-serialisable (no NaN/Infinity)") from None
-    if len(body.encode()) > MAX_PAYLOAD_BYTES:
-        raise PayloadTooLarge(f"payload is {len(body.encode())} bytes; the limit is {MAX_PAYLOAD_BYTES}")
+    if len(body) > MAX_PAYLOAD_BYTES:  # ASCII (non-ASCII is escaped): characters are bytes
+        raise PayloadTooLarge(f"payload is {len(body)} bytes; the limit is {MAX_PAYLOAD_BYTES}")
     if isinstance(sub.priority, bool) or not isinstance(sub.priority, int) or not -100 <= sub.priority <= 100:
         raise InvalidInput("priority must be an integer between -100 and 100 (higher runs first)")
     deadline = sub.deadline_unix

@@ -92,6 +92,16 @@ def test_migrations_produce_the_expected_schema(schema: tuple[str, str]) -> None
             ).fetchall()
         }
         slots = conn.execute(f"SELECT count(*) FROM {name}.dispatch_depth").fetchone()
+        # The hot functions whose array or many-tenant statements the planner
+        # would otherwise re-plan at every call keep their generic plans.
+        generic = {
+            r[0]
+            for r in conn.execute(
+                "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+                "WHERE n.nspname = %s AND 'plan_cache_mode=force_generic_plan' = ANY(p.proconfig)",
+                (name,),
+            ).fetchall()
+        }
     assert {"queue_group_head", "queue_session", "queue_deadline", "fair_tenants_order", "fair_groups_order"} <= indexes
     assert triggers == {
         "work_items_inserted",
@@ -102,6 +112,7 @@ def test_migrations_produce_the_expected_schema(schema: tuple[str, str]) -> None
         "queue_removed",
     }
     assert slots == (64,)
+    assert generic == {"dispatch_claim_fair", "dispatch_fair_prune"}
 
 
 def test_ping_refuses_an_older_schema_naming_migrate(schema: tuple[str, str]) -> None:

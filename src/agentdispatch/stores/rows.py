@@ -46,9 +46,13 @@ def item_from_row(row: Mapping[str, Any]) -> WorkItem:
     )
 
 
+#: One encoder for every column (``json.dumps`` with options builds one per call).
+_COLUMN_JSON = json.JSONEncoder(separators=(",", ":"), default=str)
+
+
 def dumps(value: Any) -> str:
     """Compact JSON for a column."""
-    return json.dumps(value, separators=(",", ":"), default=str)
+    return _COLUMN_JSON.encode(value)
 
 
 def mutable_params(item: WorkItem) -> dict[str, Any]:
