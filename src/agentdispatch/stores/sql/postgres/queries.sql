@@ -57,7 +57,7 @@ SELECT * FROM unnest(
 SELECT * FROM work_items WHERE id = ANY(%(ids)b::text[]) ORDER BY id FOR UPDATE
 
 -- name: next_seqs
-SELECT nextval(pg_get_serial_sequence('work_items', 'seq')) AS seq FROM generate_series(1, %(n)s)
+SELECT unnest(dispatch_next_seqs(%(n)s)) AS seq
 
 -- name: insert_many
 INSERT INTO work_items (
