@@ -154,6 +154,32 @@ def test_fair_claim_is_an_index_scan(h: Harness) -> None:
     assert "fair_tenants_order" in plan and "fair_groups_order" in plan and "queue_group_head" in plan, plan
 
 
+def test_enqueue_finds_fairness_rows_by_key(h: Harness) -> None:
+    """The enqueue trigger checks, locks and moves the fairness rows of what a
+    statement added by index probes, never by reading every queued session's
+    row (a chunk of a bulk submission into a big backlog did)."""
+    schema = _schema(h)
+    with admin() as conn:
+        conn.execute(f"SET search_path = {schema}")
+        conn.execute(
+            "INSERT INTO agent_dispatch_queue (job_id, item_seq, session_ref, tenant_ref, group_ref, priority, "
+            "envelope, enqueued_at, visible_at) "
+            "SELECT 'j' || i, i, 's' || (i % 5000), 't' || (i % 500), 's' || (i % 5000), 0, '{}', 0, 0 "
+            "FROM generate_series(1, 50000) AS i"
+        )
+        conn.execute("ANALYZE")
+        # 300 rows in one statement, half for queued sessions, with deadlines.
+        plan = explain_nested(
+            conn,
+            "INSERT INTO agent_dispatch_queue (job_id, item_seq, session_ref, tenant_ref, group_ref, priority, "
+            "deadline_unix, envelope, enqueued_at, visible_at) "
+            "SELECT 'k' || i, 100000 + i, 's' || (i * 33), 't' || (i % 700), 's' || (i * 33), 0, 1, '{}', 0, 0 "
+            "FROM generate_series(1, 300) AS i",
+        )
+    assert "dispatch_fair_groups" in plan and "dispatch_fair_tenants" in plan, plan
+    assert "Seq Scan on dispatch_fair" not in plan, plan
+
+
 def test_fairness_small_tenants_are_not_starved(h: Harness) -> None:
     """The claim order, recorded where the worker's threads claim: handler
     starts across four threads reorder freely (one thread may run a batch of

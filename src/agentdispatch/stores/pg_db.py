@@ -392,7 +392,9 @@ def explain_nested(conn: psycopg.Connection[Any], sql: str, params: Any = None, 
             conn.execute("SELECT set_config(%s, %s, true)", (name, value))
         conn.add_notice_handler(keep)
         try:
-            conn.execute(sql, params).fetchall()
+            cur = conn.execute(sql, params)
+            if cur.description is not None:  # a statement without rows (an INSERT) has none
+                cur.fetchall()
         finally:
             conn.remove_notice_handler(keep)
     return "\n".join(plans)

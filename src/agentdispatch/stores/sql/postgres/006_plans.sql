@@ -29,3 +29,55 @@ BEGIN
         SELECT * FROM work_items WHERE id = ANY(p_ids) ORDER BY id FOR UPDATE) w);
     RETURN NEXT;
 END $$;
+
+-- The enqueue trigger (001) with every fairness row it checks, locks or moves
+-- found by an index probe per key. Its "IN (SELECT ... FROM added)" lock check
+-- was planned as a hash join over a sequential scan of the whole fairness
+-- table once a statement added a few hundred rows: every chunk of a bulk
+-- submission read every queued session's row (quadratic in the backlog).
+-- Same protocol: groups before tenants, keys in order, re-insert what a pruner
+-- deleted meanwhile; one notification per transaction.
+CREATE OR REPLACE FUNCTION dispatch_queue_added() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    want bigint;
+    got bigint;
+    d record;
+BEGIN
+    want := (SELECT count(*) FROM (SELECT DISTINCT priority, group_ref FROM added) k);
+    LOOP
+        INSERT INTO dispatch_fair_groups (priority, group_ref, tenant_ref, deadline_key, since)
+        SELECT priority, group_ref, min(tenant_ref), coalesce(min(deadline_unix), 'Infinity'::double precision), min(id)
+        FROM added GROUP BY priority, group_ref ORDER BY priority, group_ref
+        ON CONFLICT (priority, group_ref) DO NOTHING;
+        got := (SELECT count(*) FROM (SELECT DISTINCT priority, group_ref FROM added ORDER BY 1, 2) k
+                CROSS JOIN LATERAL (
+                    SELECT 1 FROM dispatch_fair_groups g
+                    WHERE g.priority = k.priority AND g.group_ref = k.group_ref
+                    FOR KEY SHARE OF g) x);
+        EXIT WHEN got >= want;  -- else a pruner deleted one meanwhile: insert it again
+    END LOOP;
+    -- An earlier deadline moves the group forward (its own row only, found by
+    -- key: a join could scan the table, and a concurrent claim's update of the
+    -- row is followed by key).
+    FOR d IN SELECT priority, group_ref, min(deadline_unix) AS k FROM added
+             WHERE deadline_unix IS NOT NULL GROUP BY priority, group_ref ORDER BY priority, group_ref LOOP
+        UPDATE dispatch_fair_groups g SET deadline_key = d.k
+        WHERE g.priority = d.priority AND g.group_ref = d.group_ref AND g.deadline_key > d.k;
+    END LOOP;
+    want := (SELECT count(*) FROM (SELECT DISTINCT priority, tenant_ref FROM added) k);
+    LOOP
+        INSERT INTO dispatch_fair_tenants (priority, tenant_ref, since)
+        SELECT priority, tenant_ref, min(id)
+        FROM added GROUP BY priority, tenant_ref ORDER BY priority, tenant_ref
+        ON CONFLICT (priority, tenant_ref) DO NOTHING;
+        got := (SELECT count(*) FROM (SELECT DISTINCT priority, tenant_ref FROM added ORDER BY 1, 2) k
+                CROSS JOIN LATERAL (
+                    SELECT 1 FROM dispatch_fair_tenants t
+                    WHERE t.priority = k.priority AND t.tenant_ref = k.tenant_ref
+                    FOR KEY SHARE OF t) x);
+        EXIT WHEN got >= want;
+    END LOOP;
+    PERFORM pg_notify('agent_dispatch_queue', '');
+    RETURN NULL;
+END $$;
