@@ -8,6 +8,7 @@ import itertools
 import threading
 import time
 
+import psycopg
 import pytest
 
 from agentdispatch.dispatch import Submission
@@ -133,19 +134,24 @@ def test_fairness_history_is_pruned_when_nothing_is_queued(h: Harness) -> None:
     assert left == [(0,), (0,), (0,)]
 
 
+def _big_backlog(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    """50,000 queued rows over 500 tenants and 5,000 sessions, analysed: enough
+    that a sequential scan would be the planner's choice if the ordering or
+    the lookups could not come from indexes."""
+    conn.execute(
+        "INSERT INTO agent_dispatch_queue (job_id, item_seq, session_ref, tenant_ref, group_ref, priority, "
+        "envelope, enqueued_at, visible_at) "
+        "SELECT 'j' || i, i, 's' || (i % 5000), 't' || (i % 500), 's' || (i % 5000), 0, '{}', 0, 0 "
+        "FROM generate_series(1, 50000) AS i"
+    )
+    conn.execute("ANALYZE")
+
+
 def test_fair_claim_is_an_index_scan(h: Harness) -> None:
     schema = _schema(h)
     with admin() as conn:
         conn.execute(f"SET search_path = {schema}")
-        # Enough rows that a sequential scan would be the planner's choice if
-        # the ordering could not come from indexes.
-        conn.execute(
-            "INSERT INTO agent_dispatch_queue (job_id, item_seq, session_ref, tenant_ref, group_ref, priority, "
-            "envelope, enqueued_at, visible_at) "
-            "SELECT 'j' || i, i, 's' || (i % 5000), 't' || (i % 500), 's' || (i % 5000), 0, '{}', 0, 0 "
-            "FROM generate_series(1, 50000) AS i"
-        )
-        conn.execute("ANALYZE")
+        _big_backlog(conn)
         sql = queries("agentdispatch.transports.sql", "postgres.sql")["get"]
         # The fair claim runs inside dispatch_claim: its plan as executed there.
         plan = explain_nested(conn, sql, {"owner": "x", "vis": 30.0, "n": 1, "read": False})
@@ -161,13 +167,7 @@ def test_enqueue_finds_fairness_rows_by_key(h: Harness) -> None:
     schema = _schema(h)
     with admin() as conn:
         conn.execute(f"SET search_path = {schema}")
-        conn.execute(
-            "INSERT INTO agent_dispatch_queue (job_id, item_seq, session_ref, tenant_ref, group_ref, priority, "
-            "envelope, enqueued_at, visible_at) "
-            "SELECT 'j' || i, i, 's' || (i % 5000), 't' || (i % 500), 's' || (i % 5000), 0, '{}', 0, 0 "
-            "FROM generate_series(1, 50000) AS i"
-        )
-        conn.execute("ANALYZE")
+        _big_backlog(conn)
         # 300 rows in one statement, half for queued sessions, with deadlines.
         plan = explain_nested(
             conn,
