@@ -14,7 +14,7 @@ import json
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, TypeVar
 
 import psycopg
@@ -152,9 +152,8 @@ class PostgresStore:
         def op(tx: PostgresTx) -> list[Accepted]:
             # Admission first: submitters of the same job id see each other.
             tx.read_submit([j.job_id for j in jobs], len(jobs), max_depth)
-            if len(jobs) < 2 * BULK_CHUNK:
-                return engine.submit(tx, jobs, max_depth)
-            with tx.streaming(BULK_CHUNK):
+            bulk = len(jobs) >= 2 * BULK_CHUNK
+            with tx.streaming(BULK_CHUNK) if bulk else nullcontext():
                 return engine.submit(tx, jobs, max_depth)
 
         return self._run(op, durable=True)
