@@ -76,6 +76,12 @@ def postgres_harness(tmp_path: Path, **overrides: Any) -> Harness:
     return _pg_backed("postgres", uri, drop, overrides)
 
 
+def pg_harness_at(uri: str, drop: Callable[[], None], **overrides: Any) -> Harness:
+    """Store and transport on the PostgreSQL database at ``uri`` (a private
+    cluster, say); ``drop`` runs after the pools are closed."""
+    return _pg_backed("postgres", uri, drop, overrides)
+
+
 def _pg_backed(name: str, uri: str, drop: Callable[[], None], overrides: dict[str, Any], **extra_env: str) -> Harness:
     """The PostgreSQL store and transport at ``uri``; ``drop`` removes what
     holds them, after the pools are closed (or when opening fails)."""

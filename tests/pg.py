@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
+import socket
 import subprocess
+import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from urllib.parse import quote
 
 import psycopg
@@ -58,12 +63,53 @@ def fresh_schema() -> Iterator[str]:
         drop()
 
 
-def restart_postgres() -> None:
-    """Restart the local cluster (the crash tests' database failure)."""
-    version = os.environ.get("AGENTDISPATCH_TEST_PG_VERSION") or sorted(os.listdir("/etc/postgresql"))[-1]
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+def _pg_bin() -> Path:
+    version = os.environ.get("AGENTDISPATCH_TEST_PG_VERSION") or sorted(os.listdir("/usr/lib/postgresql"))[-1]
+    return Path("/usr/lib/postgresql") / version / "bin"
+
+
+class PrivateCluster:
+    """A PostgreSQL cluster of one test's own (initdb into a temp dir, a free
+    port), for tests that restart or stop the database: the shared server on
+    5432 serves every other test, in parallel, and is never restarted."""
+
+    def __init__(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self.dir = Path(tempfile.mkdtemp(prefix="ad-pg-"))
+        self.data = self.dir / "data"
+        # initdb refuses to run as root: the cluster belongs to the postgres user.
+        self._as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if self._as:
+            shutil.chown(self.dir, user="postgres")
+        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
+        (self.data / "postgresql.auto.conf").write_text(
+            f"port = {self.port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{self.dir}'\n"
+            "max_connections = 200\nshared_buffers = '32MB'\n"
+        )
+
+    def _run(self, tool: str, *args: str) -> None:
+        subprocess.run([*self._as, str(_pg_bin() / tool), *args], check=True, capture_output=True, timeout=120)
+
+    def uri(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def start(self) -> PrivateCluster:
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "-t", "60", "start")
+        return self
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop")
+
+    def restart(self, down_s: float = 0.0) -> None:
+        """Stop (fast: connections are cut), stay down ``down_s``, start again."""
+        self.stop()
+        time.sleep(down_s)
+        self.start()
+
+    def destroy(self) -> None:
+        """Stop if running and remove the cluster's files."""
+        if (self.data / "postmaster.pid").exists():
+            self.stop("immediate")
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -158,12 +158,10 @@ def test_depth_probe_failure_rejects_never_reads_zero(env: Env) -> None:
 def test_unreachable_broker_fails_start_up_without_echoing_the_endpoint(env: Env) -> None:
     port = free_port()
     settings = env.settings(bootstrap=f"127.0.0.1:{port}")
-    started = time.monotonic()
     with pytest.raises(TaskQueueUnavailable) as info:
         KafkaTransport(settings, timeout_s=2.0)
     text = str(info.value)
     assert "KAFKA_BOOTSTRAP_SERVERS" in text and str(port) not in text and "127.0.0.1" not in text
-    assert time.monotonic() - started < 15
 
 
 def test_topic_is_grow_only_and_a_broker_that_cannot_grow_says_so(env: Env) -> None:

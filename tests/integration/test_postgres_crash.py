@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from agentdispatch import Status, Submission
-from backends import postgres_harness
+from backends import pg_harness_at
 from crashkit import Fleet, analyse
-from pg import restart_postgres
+from pg import PrivateCluster
 
 # The TTL outlasts the database restart (about 3 s here): leases must survive an
 # outage shorter than the TTL. A longer outage can expire a lease while its
@@ -22,7 +22,8 @@ TTL_ENV = {"AGENT_DISPATCH_CLAIM_TTL_S": "8", "AGENT_DISPATCH_RENEW_INTERVAL_S":
 
 @pytest.mark.slow
 def test_sigkill_storm_and_database_restart_lose_nothing(tmp_path: Path) -> None:
-    h = postgres_harness(tmp_path, claim_ttl_s=8, renew_interval_s=0.5)
+    cluster = PrivateCluster().start()
+    h = pg_harness_at(cluster.uri(), cluster.destroy, claim_ttl_s=8, renew_interval_s=0.5)
     sink = tmp_path / "sink"
     sink.mkdir()
     env = {**h.env, "CRASH_SINK_DIR": str(sink), **TTL_ENV}
@@ -53,7 +54,7 @@ def test_sigkill_storm_and_database_restart_lose_nothing(tmp_path: Path) -> None
                 break
             if not restarted and left < turns * 0.6:
                 t0 = time.monotonic()
-                restart_postgres()
+                cluster.restart()
                 restart_s = time.monotonic() - t0
                 restarted = True
                 continue

@@ -4,6 +4,7 @@ one COMMIT, a failing one is rolled back alone, and nobody returns early."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,13 @@ def test_concurrent_durable_writes_share_commits_and_fail_alone(tmp_path: Path) 
     def counting(batch):  # type: ignore[no-untyped-def]
         nonlocal commits
         commits += 1
+        if commits == 1:
+            # Hold the first commit until two more writers have joined its batch:
+            # sharing then follows from the protocol, not from the scheduler.
+            deadline = time.monotonic() + 30
+            while batch.joined < 3 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert batch.joined >= 3, "no writer joined an open batch"
         original(batch)
 
     db._commit_batch = counting  # type: ignore[method-assign]
