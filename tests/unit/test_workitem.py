@@ -151,7 +151,7 @@ def test_start_moves_leased_to_running_and_is_idempotent() -> None:
     assert wi.start(run, lease, T0 + 2) is run
 
 
-@pytest.mark.parametrize("status", [Status.SUBMITTED, Status.READY, *TERMINAL])
+@pytest.mark.parametrize("status", [Status.SUBMITTED, Status.READY, *sorted(TERMINAL)])
 def test_lease_of_requires_a_held_item(status: Status) -> None:
     with pytest.raises(InvalidTransition):
         wi.lease_of(in_status(status))
@@ -338,7 +338,7 @@ def test_expire_lease_dead_letters_when_attempts_are_exhausted() -> None:
     assert (done.status, done.reason, done.completed_at) == (Status.DEAD_LETTER, "lease_exhausted", T0 + TTL + 1)
 
 
-@pytest.mark.parametrize("status", [Status.SUBMITTED, Status.READY, *TERMINAL])
+@pytest.mark.parametrize("status", [Status.SUBMITTED, Status.READY, *sorted(TERMINAL)])
 def test_expire_lease_only_from_held(status: Status) -> None:
     with pytest.raises(InvalidTransition):
         wi.expire_lease(in_status(status), T0 + 10 * TTL)
