@@ -277,9 +277,10 @@ class Worker:
         """:meth:`_admit` for a batch, the claims in one store call."""
         envs = [self._envelope(d) for d in deliveries]
         jobs = [(e.job_id, e.tenant) for e in envs if isinstance(e, Envelope)]
+        at = time.monotonic()  # before the claim: no lease of it expires sooner than at + TTL
         claims = iter(self.store.claim_many(jobs, owner=owner, ttl_s=self.settings.claim_ttl_s) if jobs else [])
         pairs = zip(deliveries, envs, strict=True)
-        return [e if isinstance(e, str) else self._settle_claim(d, e, next(claims)) for d, e in pairs]
+        return [e if isinstance(e, str) else self._settle_claim(d, e, next(claims), at) for d, e in pairs]
 
     def _envelope(self, delivery: Delivery) -> Envelope | str:
         if delivery.deliveries > 1:
@@ -290,7 +291,7 @@ class Worker:
             self._poison(delivery, str(exc))
             return "poison"
 
-    def _settle_claim(self, delivery: Delivery, env: Envelope, claim: Claim) -> str | Step:
+    def _settle_claim(self, delivery: Delivery, env: Envelope, claim: Claim, at: float) -> str | Step:
         if claim.kind in (ClaimKind.MISSING, ClaimKind.TENANT_MISMATCH):
             self._poison(delivery, f"{claim.kind.value}: envelope for job {env.job_id}")
             return "poison"
@@ -303,7 +304,7 @@ class Worker:
             label = {ClaimKind.EXPIRED: "expired"}.get(claim.kind, "skipped")
             self._count(label)
             return label
-        return env, claim
+        return env, claim, at
 
     def _execute(
         self,
@@ -315,7 +316,7 @@ class Worker:
         loop: asyncio.AbstractEventLoop,
         chain: bool = True,
     ) -> str:
-        env, claim = step
+        env, claim, claimed_at = step
         assert claim.item is not None and claim.lease is not None
         item = claim.item
         self.metrics.time_in_queue.observe(max(0.0, time.time() - env.enqueued_at))
@@ -326,7 +327,7 @@ class Worker:
         lane = self._lane(index)
         lane.running = True
         try:
-            outcome = self._run(item, claim.lease, loop)
+            outcome = self._run(item, claim.lease, loop, claimed_at)
         finally:
             lane.running = False
             with self._lock:
@@ -341,15 +342,23 @@ class Worker:
             return "pending"  # committed with the rest of the batch
         return self._flush(lane, owner, chain=chain)
 
-    def _run(self, item: WorkItem, lease: Lease, loop: asyncio.AbstractEventLoop) -> tuple[Lease, Outcome] | None:
-        """Run the handler under a lease guard; None when the lease was lost."""
+    def _run(
+        self, item: WorkItem, lease: Lease, loop: asyncio.AbstractEventLoop, claimed_at: float
+    ) -> tuple[Lease, Outcome] | None:
+        """Run the handler under a lease guard; None when the lease was lost
+        (then the handler never started, or its outcome is not committed)."""
         guard = LeaseGuard(
             self.store,
             lease,
             ttl_s=self.settings.claim_ttl_s,
             renew_interval_s=self.settings.renew_interval_s,
             renewer=self.renewer,
-        ).start()
+        )
+        # A turn that waited in its lane for a renewal period or more (behind
+        # a slow one of its batch) may have lost its lease: confirm it first.
+        if time.monotonic() - claimed_at >= guard.every and not _confirmed(guard):
+            return None
+        guard.start()
         started = time.monotonic()
         outcome = outcome_of(self.registry, item, guard, loop)
         guard.stop()
@@ -450,6 +459,17 @@ class Worker:
         # Left for redelivery: the store decides what the next delivery finds.
         self.transport.release(delivery, 0.0)
         return self._settle(["fenced"])
+
+
+def _confirmed(guard: LeaseGuard) -> bool:
+    """Renew the lease before its handler starts: False when it is lost (or
+    the store cannot tell), and the handler must not start."""
+    try:
+        guard.renew()
+    except AgentDispatchError as exc:
+        log.info("claimed turn %s not started: %s", guard.job_id, exc)
+        return False
+    return True
 
 
 class _ChainFailed(Exception):
