@@ -4,6 +4,7 @@ every side effect, and refuses once the lease is lost."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from .stores.base import Effect, EffectState, Store
 
 T = TypeVar("T")
+log = logging.getLogger("agentdispatch.lease")
 
 
 class LeaseGuard:
@@ -78,9 +80,11 @@ class LeaseGuard:
         if not self._mutex.acquire(blocking=False):
             return
         try:
-            # LeaseLost is remembered by _renew(); a store hiccup is retried next tick.
-            with contextlib.suppress(AgentDispatchError):
-                self._renew()
+            # LeaseLost is remembered by _renew(); a store hiccup is retried
+            # next tick (whatever it raised: the shared renewer must not die).
+            self._renew()
+        except Exception as exc:
+            log.debug("renewing %s failed: %s", self.job_id, exc)
         finally:
             self._mutex.release()
 
