@@ -24,7 +24,7 @@ from .errors import (
 )
 from .factory import open_backends
 from .handlers import Registry, Turn
-from .lease import LeaseGuard
+from .lease import NOT_HAPPENED, LeaseGuard
 from .settings import Settings, load_settings
 from .worker import Worker, WorkerOptions
 from .workitem import Outcome, Status, WorkItem
@@ -32,6 +32,7 @@ from .workitem import Outcome, Status, WorkItem
 __version__ = "0.1.0"
 
 __all__ = [
+    "NOT_HAPPENED",
     "AgentDispatchError",
     "ConfigError",
     "DepthUnavailable",

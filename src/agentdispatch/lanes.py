@@ -14,8 +14,9 @@ from .workitem import Lease, Outcome, Status
 #: The turns counter's label for where a commit left an item.
 LABELS = {Status.SUCCEEDED: "completed", Status.READY: "retried", Status.DEAD_LETTER: "dead_letter"}
 
-#: A claimed turn: its envelope and the claim (item and lease).
-Step = tuple[Envelope, Claim]
+#: A claimed turn: its envelope, the claim (item and lease), and when the
+#: claim was asked for (monotonic): a turn waiting in its lane is not renewed.
+Step = tuple[Envelope, Claim, float]
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ every side effect, and refuses once the lease is lost."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -14,9 +15,10 @@ from .policy import renew_every
 from .workitem import Lease
 
 if TYPE_CHECKING:
-    from .stores.base import Store
+    from .stores.base import Effect, EffectState, Store
 
 T = TypeVar("T")
+log = logging.getLogger("agentdispatch.lease")
 
 
 class LeaseGuard:
@@ -73,9 +75,18 @@ class LeaseGuard:
         """One background renewal; store hiccups are retried next tick."""
         if self._stop.is_set() or self._lost is not None:
             return
-        # LeaseLost is remembered by renew(); a store hiccup is retried next tick.
-        with contextlib.suppress(AgentDispatchError):
-            self.renew()
+        # A store call of this guard in flight (an effect's begin renews too)
+        # must not hold up the worker's shared renewer: retry next tick.
+        if not self._mutex.acquire(blocking=False):
+            return
+        try:
+            # LeaseLost is remembered by _renew(); a store hiccup is retried
+            # next tick (whatever it raised: the shared renewer must not die).
+            self._renew()
+        except Exception as exc:
+            log.debug("renewing %s failed: %s", self.job_id, exc)
+        finally:
+            self._mutex.release()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.every) and self._lost is None:
@@ -85,41 +96,104 @@ class LeaseGuard:
         """Renew now; raises :class:`LeaseLost` when fenced."""
         self.check()
         with self._mutex:
-            try:
-                self.lease = self.store.renew(self.lease, self.ttl_s)
-            except LeaseLost as exc:
-                self._lost = str(exc)
-                raise
+            self._renew()
+
+    def _renew(self) -> None:
+        try:
+            self.lease = self.store.renew(self.lease, self.ttl_s)
+        except LeaseLost as exc:
+            self._lost = str(exc)
+            raise
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` if a renewal already failed."""
         if self._lost is not None:
             raise LeaseLost(self._lost)
 
-    def side_effect(self, key: str, fn: Callable[[], T]) -> T:
+    def side_effect(
+        self,
+        key: str,
+        fn: Callable[[], T],
+        *,
+        verify: Callable[[], T | NotHappened] | None = None,
+        idempotent: bool = False,
+    ) -> T:
         """Run ``fn`` at most once per ``key``: renew and fence first, record
-        the result; a redelivered turn gets the recorded result back."""
-        self.check()
-        with self._mutex:
-            try:
-                done = self.store.effect_begin(self.lease, key, self.ttl_s)
-            except LeaseLost as exc:
-                self._lost = str(exc)
-                raise
-            if done is not None and done.state == "unknown":
+        the result; a redelivered turn gets the recorded result back.
+
+        An attempt that died during ``fn`` leaves its outcome unknown. By
+        default the next attempt then raises :class:`EffectUnknown` (the turn
+        is dead-lettered for a person). ``verify`` settles it instead: it asks
+        the downstream system whether the effect with this key happened and
+        returns its result, or :data:`NOT_HAPPENED` (then ``fn`` runs).
+        ``idempotent=True`` declares that the downstream deduplicates by
+        ``key`` (send the key along): ``fn`` simply runs again.
+
+        ``fn`` runs without holding the guard, so renewals go on however long
+        it takes; an ``fn`` that raises is recorded ``failed`` (``unknown``
+        with ``verify``, or when interrupted), never committed."""
+        done = self._begin(key, retry_unknown=idempotent)
+        if done is not None and done.state == "unknown":
+            if verify is None:
                 raise EffectUnknown(
                     f"side effect {key!r} was started by attempt epoch {done.epoch} and never "
                     "confirmed; inspect it, then replay the job from the dead-letter queue"
                 )
-            if done is not None:
-                return done.result  # type: ignore[no-any-return]
+            found = verify()
+            done = self._begin(key, retry_unknown=True)
+            if done is None and not isinstance(found, NotHappened):
+                self._settle(key, "committed", found)
+                return found
+        if done is not None:
+            return done.result  # type: ignore[no-any-return]
+        try:
+            result = fn()
+        except Exception:
+            self._settle_quietly(key, "failed" if verify is None else "unknown")
+            raise
+        except BaseException:
+            self._settle_quietly(key, "unknown")  # interrupted: the outcome was not seen
+            raise
+        self._settle(key, "committed", result)
+        return result
+
+    def _begin(self, key: str, *, retry_unknown: bool) -> Effect | None:
+        self.check()
+        with self._mutex:
             try:
-                result = fn()
-            except BaseException:
-                self.store.effect_end(self.lease, key, ok=False, result=None)
+                return self.store.effect_begin(self.lease, key, self.ttl_s, retry_unknown=retry_unknown)
+            except LeaseLost as exc:
+                self._lost = str(exc)
                 raise
-            self.store.effect_end(self.lease, key, ok=True, result=jsonable(result))
-            return result
+
+    def _settle(self, key: str, state: EffectState, result: Any) -> None:
+        with self._mutex:
+            try:
+                recorded = self.store.effect_end(self.lease, key, state=state, result=jsonable(result))
+            except LeaseLost as exc:
+                self._lost = str(exc)
+                raise
+        if not recorded:
+            self._lost = f"job {self.job_id}: another attempt took over side effect {key!r}"
+            raise LeaseLost(self._lost)
+
+    def _settle_quietly(self, key: str, state: EffectState) -> None:
+        # The handler gets fn's own exception: if this record cannot be
+        # written, the mark stays "intended" and reads as unknown later.
+        with contextlib.suppress(AgentDispatchError):
+            self._settle(key, state, None)
+
+
+class NotHappened:
+    """The answer of a ``verify`` callback when the effect did not happen (:data:`NOT_HAPPENED`)."""
+
+    def __repr__(self) -> str:
+        return "NOT_HAPPENED"
+
+
+#: What a ``verify`` callback of :meth:`LeaseGuard.side_effect` returns when
+#: the downstream system has no effect with the key.
+NOT_HAPPENED = NotHappened()
 
 
 def jsonable(value: Any) -> Any:

@@ -38,6 +38,12 @@ class Metrics:
         self.lease_failures = Counter(
             "agent_utilities_dispatch_lease_failures", "Renewals or commits refused", registry=r
         )
+        self.worker_errors = Counter(
+            "agent_utilities_dispatch_worker_errors",
+            "Store or transport errors a claim thread backed off from, by exception class",
+            ["error"],
+            registry=r,
+        )
         self.dead_letters = Gauge("agent_utilities_dispatch_dead_letter", "Items in the dead-letter queue", registry=r)
         self.dead_letter_oldest = Gauge(
             "agent_utilities_dispatch_dead_letter_oldest_age_seconds",

@@ -63,6 +63,8 @@ class SqliteDb:
             conn.execute("PRAGMA wal_autocheckpoint = 10000")
             conn.execute("PRAGMA foreign_keys = OFF")
         except (sqlite3.Error, OSError) as exc:
+            if _corrupt(exc):
+                raise  # no retry mends it: callers stop (a worker exits non-zero)
             raise TaskQueueUnavailable(
                 f"cannot open the SQLite queue ({type(exc).__name__}); check AGENT_DISPATCH_DATA_DIR"
             ) from None
@@ -114,6 +116,8 @@ class SqliteDb:
             try:
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
+                if _corrupt(exc):
+                    raise
                 raise TaskQueueUnavailable(f"SQLite queue unavailable ({exc})") from None
             try:
                 yield conn
@@ -121,8 +125,15 @@ class SqliteDb:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-            else:
+            try:
                 conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                # A failed COMMIT (a full disk) may leave the transaction open,
+                # holding the write lock on a connection this thread reuses.
+                with suppress(sqlite3.Error):
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                raise TaskQueueUnavailable(f"SQLite commit failed ({exc})") from None
 
     @contextmanager
     def _durable(self) -> Iterator[sqlite3.Connection]:
@@ -217,6 +228,11 @@ class SqliteDb:
             self._all.clear()
             self._batch_conn = None
         self._local = threading.local()
+
+
+def _corrupt(exc: BaseException) -> bool:
+    """The file is damaged or not a database at all (not busy, locked or full)."""
+    return isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError)
 
 
 class _Batch:

@@ -15,8 +15,8 @@ from .errors import (
     AgentDispatchError,
     InvalidEnvelope,
     LeaseLost,
-    TaskQueueUnavailable,
 )
+from .faults import Backoff, recoverable, unavailable
 from .fleet import host_label, new_worker_id
 from .handlers import Registry, outcome_of
 from .lanes import LABELS, Finished, Lane, Step
@@ -87,6 +87,8 @@ class Worker:
         # previous ones, and finished turns waiting for that commit (see _flush).
         self._lanes: dict[int, Lane] = {}
         self._counters: dict[str, Any] = {}  # turns counter per outcome label
+        #: The error that stopped the worker, if any (the process exits non-zero).
+        self.fatal: BaseException | None = None
 
     # -- lifecycle ----------------------------------------------------------
     def preflight(self) -> None:
@@ -120,7 +122,9 @@ class Worker:
         if self._reconciler is not None:
             self._reconciler.stop()
         self.renewer.close()
-        with contextlib.suppress(AgentDispatchError):
+        # Best effort: the row ages out anyway, and a broken store must not
+        # turn a clean stop into a crash (nor hide the fatal error's status).
+        with contextlib.suppress(Exception):
             self.store.remove_worker(self.worker_id)
         return clean
 
@@ -150,7 +154,9 @@ class Worker:
                     started_at=self._started_at,
                 )
             )
-        except AgentDispatchError as exc:
+        except Exception as exc:  # the heartbeat thread must outlive a store error
+            if not recoverable(exc):
+                raise
             log.warning("heartbeat failed: %s", exc)
 
     def _heartbeat_loop(self) -> None:
@@ -159,8 +165,9 @@ class Worker:
             try:
                 self.metrics.queue_depth.labels(backend=self.transport.name).set(self.transport.depth())
                 self.metrics.workers.set(len(self.store.workers()))
-            except AgentDispatchError:
-                pass
+            except Exception as exc:
+                if not recoverable(exc):
+                    raise
 
     # -- the claim loop -----------------------------------------------------
     def _lane(self, index: int) -> Lane:
@@ -173,6 +180,7 @@ class Worker:
         owner = f"{self.worker_id}:{index}"
         lane = self._lane(index)
         loop = asyncio.new_event_loop()
+        backoff = Backoff()
         try:
             # Turns already claimed run even when stopping, and finished ones
             # are committed.
@@ -183,13 +191,35 @@ class Worker:
                     break
                 try:
                     self.poll(owner, index, loop)
-                except TaskQueueUnavailable as exc:
-                    log.warning("queue unavailable: %s", exc)
-                    self.stopping.wait(1.0)
-                except AgentDispatchError as exc:
-                    log.exception("turn failed in the dispatcher: %s", exc)
+                except Exception as exc:
+                    if not recoverable(exc):
+                        self._fatal(index, exc)
+                        return
+                    # Stopping: what is held is left to its leases.
+                    if self.stopping.wait(self._backed_off(index, exc, backoff)):
+                        break
+                    continue
+                if backoff.failures:
+                    log.info("claim thread %d resumed after %d failed attempt(s)", index, backoff.reset())
         finally:
             loop.close()
+
+    def _backed_off(self, index: int, exc: Exception, backoff: Backoff) -> float:
+        """Report a failed poll (log and metric); the seconds to wait."""
+        wait = backoff.failed()
+        self.metrics.worker_errors.labels(error=type(exc).__name__).inc()
+        if isinstance(exc, AgentDispatchError) and not unavailable(exc):
+            log.exception("claim thread %d: turn failed in the dispatcher: %s", index, exc)
+        else:
+            log.warning("claim thread %d: store or transport failed, retrying in %.1f s: %s", index, wait, exc)
+        return wait
+
+    def _fatal(self, index: int, exc: Exception) -> None:
+        """An error no retry mends: stop the worker; the process exits non-zero."""
+        log.critical("claim thread %d: unrecoverable error, the worker stops", index, exc_info=exc)
+        if self.fatal is None:
+            self.fatal = exc
+        self.stopping.set()
 
     def _count(self, outcome: str) -> None:
         counter = self._counters.get(outcome)
@@ -277,9 +307,10 @@ class Worker:
         """:meth:`_admit` for a batch, the claims in one store call."""
         envs = [self._envelope(d) for d in deliveries]
         jobs = [(e.job_id, e.tenant) for e in envs if isinstance(e, Envelope)]
+        at = time.monotonic()  # before the claim: no lease of it expires sooner than at + TTL
         claims = iter(self.store.claim_many(jobs, owner=owner, ttl_s=self.settings.claim_ttl_s) if jobs else [])
         pairs = zip(deliveries, envs, strict=True)
-        return [e if isinstance(e, str) else self._settle_claim(d, e, next(claims)) for d, e in pairs]
+        return [e if isinstance(e, str) else self._settle_claim(d, e, next(claims), at) for d, e in pairs]
 
     def _envelope(self, delivery: Delivery) -> Envelope | str:
         if delivery.deliveries > 1:
@@ -290,7 +321,7 @@ class Worker:
             self._poison(delivery, str(exc))
             return "poison"
 
-    def _settle_claim(self, delivery: Delivery, env: Envelope, claim: Claim) -> str | Step:
+    def _settle_claim(self, delivery: Delivery, env: Envelope, claim: Claim, at: float) -> str | Step:
         if claim.kind in (ClaimKind.MISSING, ClaimKind.TENANT_MISMATCH):
             self._poison(delivery, f"{claim.kind.value}: envelope for job {env.job_id}")
             return "poison"
@@ -303,7 +334,7 @@ class Worker:
             label = {ClaimKind.EXPIRED: "expired"}.get(claim.kind, "skipped")
             self._count(label)
             return label
-        return env, claim
+        return env, claim, at
 
     def _execute(
         self,
@@ -315,7 +346,7 @@ class Worker:
         loop: asyncio.AbstractEventLoop,
         chain: bool = True,
     ) -> str:
-        env, claim = step
+        env, claim, claimed_at = step
         assert claim.item is not None and claim.lease is not None
         item = claim.item
         self.metrics.time_in_queue.observe(max(0.0, time.time() - env.enqueued_at))
@@ -326,7 +357,7 @@ class Worker:
         lane = self._lane(index)
         lane.running = True
         try:
-            outcome = self._run(item, claim.lease, loop)
+            outcome = self._run(item, claim.lease, loop, claimed_at)
         finally:
             lane.running = False
             with self._lock:
@@ -341,15 +372,23 @@ class Worker:
             return "pending"  # committed with the rest of the batch
         return self._flush(lane, owner, chain=chain)
 
-    def _run(self, item: WorkItem, lease: Lease, loop: asyncio.AbstractEventLoop) -> tuple[Lease, Outcome] | None:
-        """Run the handler under a lease guard; None when the lease was lost."""
+    def _run(
+        self, item: WorkItem, lease: Lease, loop: asyncio.AbstractEventLoop, claimed_at: float
+    ) -> tuple[Lease, Outcome] | None:
+        """Run the handler under a lease guard; None when the lease was lost
+        (then the handler never started, or its outcome is not committed)."""
         guard = LeaseGuard(
             self.store,
             lease,
             ttl_s=self.settings.claim_ttl_s,
             renew_interval_s=self.settings.renew_interval_s,
             renewer=self.renewer,
-        ).start()
+        )
+        # A turn that waited in its lane for a renewal period or more (behind
+        # a slow one of its batch) may have lost its lease: confirm it first.
+        if time.monotonic() - claimed_at >= guard.every and not _confirmed(guard):
+            return None
+        guard.start()
         started = time.monotonic()
         outcome = outcome_of(self.registry, item, guard, loop)
         guard.stop()
@@ -369,29 +408,35 @@ class Worker:
         turns fit the batch budget: one write and one fsync for the lot.
         Should a claim fail, the whole transaction rolls back and the commits
         and acks are made again on their own: a claim never costs a commit. A
-        commit that fails is left to the lease: its turn is delivered again."""
+        commit the store cannot make now is kept and made again by the next
+        poll (after the claim loop's back-off)."""
         done, lane.done = lane.done, []
-        want = self._refill(lane) if chain else 0
-        ride = min(want, self.transport.claims_with_commit)
-        claimed: list[tuple[Delivery, Step]] = []
-        labels: list[str] | None = None
-        if ride:
-            try:
+        try:
+            want = self._refill(lane) if chain else 0
+            ride = min(want, self.transport.claims_with_commit)
+            claimed: list[tuple[Delivery, Step]] = []
+            labels: list[str] | None = None
+            if ride:
+                try:
+                    with self.transport.atomic(durable=True):
+                        labels = self._commit_all(done)
+                        try:
+                            dry = self._claim_into(claimed, owner, ride)
+                        except Exception as exc:  # whatever it was, the commits must not pay for it
+                            raise _ChainFailed from exc
+                except _ChainFailed as failed:
+                    log.warning("claiming the next turns with a commit failed (%s); committing alone", failed.__cause__)
+                    labels, want, claimed = None, 0, []
+            if labels is None:
                 with self.transport.atomic(durable=True):
                     labels = self._commit_all(done)
-                    try:
-                        dry = self._claim_into(claimed, owner, ride)
-                    except Exception as exc:  # whatever it was, the commits must not pay for it
-                        raise _ChainFailed from exc
-            except _ChainFailed as failed:
-                log.warning("claiming the next turns with a commit failed (%s); committing alone", failed.__cause__)
-                labels, want, claimed = None, 0, []
-        if labels is None:
-            with self.transport.atomic(durable=True):
-                labels = self._commit_all(done)
-            dry = False
-        self.metrics.commit_batch.observe(len(labels))
-        label = self._settle(labels)
+                dry = False
+            self.metrics.commit_batch.observe(len(labels))
+            label = self._settle(labels)
+        except Exception as exc:
+            if unavailable(exc):
+                lane.done[:0] = done  # committed again after the back-off (fenced, if a lease lapsed)
+            raise
         lane.claimed.extend(claimed)
         if want > ride and not dry:
             more: list[tuple[Delivery, Step]] = []
@@ -450,6 +495,17 @@ class Worker:
         # Left for redelivery: the store decides what the next delivery finds.
         self.transport.release(delivery, 0.0)
         return self._settle(["fenced"])
+
+
+def _confirmed(guard: LeaseGuard) -> bool:
+    """Renew the lease before its handler starts: False when it is lost (or
+    the store cannot tell), and the handler must not start."""
+    try:
+        guard.renew()
+    except AgentDispatchError as exc:
+        log.info("claimed turn %s not started: %s", guard.job_id, exc)
+        return False
+    return True
 
 
 class _ChainFailed(Exception):

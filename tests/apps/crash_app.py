@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from agentdispatch.handlers import Registry, Turn
-from agentdispatch.lease import LeaseGuard
+from agentdispatch.lease import NOT_HAPPENED, LeaseGuard
 
 registry = Registry()
 
@@ -50,4 +50,57 @@ def slow_effect(turn: Turn, guard: LeaseGuard) -> dict[str, object]:
         guard.side_effect(f"effect:{turn.job_id}", lambda: _sink("effect", turn.job_id))
     finally:
         _sink("end", turn.session_id, turn.job_id, 0)
+    return {"pid": os.getpid()}
+
+
+def _sent(job_id: str) -> bool:
+    """The downstream's own answer: does its log hold the effect of ``job_id``?"""
+    for log in Path(os.environ["CRASH_SINK_DIR"]).glob("*.log"):
+        for line in log.read_text().splitlines():
+            parts = line.split()
+            if parts[0] == "effect" and parts[2] == job_id:
+                return True
+    return False
+
+
+@registry.register("verify_turn")
+def verify_turn(turn: Turn, guard: LeaseGuard) -> dict[str, object]:
+    """:func:`crash_turn` with an effect the downstream can be asked about."""
+    _sink("start", turn.session_id, turn.job_id, turn.payload["i"])
+    try:
+        time.sleep(random.uniform(0.0, float(turn.payload.get("max_sleep", 0.03))))
+        guard.side_effect(
+            f"effect:{turn.job_id}",
+            lambda: _sink("effect", turn.job_id),
+            verify=lambda: None if _sent(turn.job_id) else NOT_HAPPENED,
+        )
+        time.sleep(random.uniform(0.0, float(turn.payload.get("max_sleep", 0.03))))
+    finally:
+        _sink("end", turn.session_id, turn.job_id, turn.payload["i"])
+    return {"pid": os.getpid()}
+
+
+def _send_once(key: str, job_id: str) -> None:
+    """A downstream that deduplicates by idempotency key: the first send with
+    ``key`` takes effect, a repeat answers the same and changes nothing."""
+    keys = Path(os.environ["CRASH_SINK_DIR"]) / "keys"
+    keys.mkdir(exist_ok=True)
+    try:
+        os.close(os.open(keys / key.replace(":", "_"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return
+    _sink("effect", job_id)
+
+
+@registry.register("idempotent_turn")
+def idempotent_turn(turn: Turn, guard: LeaseGuard) -> dict[str, object]:
+    """:func:`crash_turn` with an effect its downstream deduplicates by key."""
+    _sink("start", turn.session_id, turn.job_id, turn.payload["i"])
+    try:
+        time.sleep(random.uniform(0.0, float(turn.payload.get("max_sleep", 0.03))))
+        key = f"effect:{turn.job_id}"
+        guard.side_effect(key, lambda: _send_once(key, turn.job_id), idempotent=True)
+        time.sleep(random.uniform(0.0, float(turn.payload.get("max_sleep", 0.03))))
+    finally:
+        _sink("end", turn.session_id, turn.job_id, turn.payload["i"])
     return {"pid": os.getpid()}

@@ -18,6 +18,8 @@ from agentdispatch.handlers import Registry, builtins
 from agentdispatch.transports.base import Delivery
 from agentdispatch.worker import Worker
 
+from .helpers import wait_until
+
 
 @pytest.fixture
 def loop() -> Iterator[asyncio.AbstractEventLoop]:
@@ -291,3 +293,41 @@ def test_a_hung_turn_does_not_hold_its_batch_back(harness) -> None:  # type: ign
         assert sample("agent_utilities_dispatch_commit_batch_turns_sum") == sample(
             "agent_utilities_dispatch_commit_batch_turns_count"
         )
+
+
+def test_a_claimed_turn_whose_lease_lapsed_while_it_waited_never_starts(make_harness, loop) -> None:  # type: ignore[no-untyped-def]
+    h = make_harness(claim_ttl_s=1.0, renew_interval_s=0.25)
+    started: list[tuple[str, int]] = []
+    reg = Registry()
+
+    @reg.register("step")
+    def step(turn, guard):  # type: ignore[no-untyped-def]
+        started.append((turn.job_id, turn.attempt))
+        return turn.payload["n"]
+
+    d = h.dispatcher()
+    subs = [Submission(kind="step", payload={"n": i}, tenant="t", session_id=f"s{i}") for i in range(3)]
+    ids = [x.job_id for x in d.submit_many(subs)]
+    worker = h.worker(reg, threads=1, batch_max=4, batch_budget_s=5.0)
+    for _ in range(10):
+        worker.backpressure.record(True, 0.0001)
+    assert _poll_until(worker, loop) == "completed"
+    if not h.transport.shared_database:
+        assert not _held(worker)  # Kafka: nothing waits in a lane
+        return
+    lane = worker._lanes[0]
+    waiting = [Envelope.from_json(delivery.raw).job_id for delivery, _ in lane.claimed]
+    assert len(waiting) == 2
+
+    # The batch waits behind a turn slower than the TTL: the waiting leases
+    # lapse and the reconciler gives both turns back to the queue.
+    def given_back() -> bool:
+        h.store.sweep(redeliver_after_s=h.transport.redeliver_after_s)
+        return all(_status(h, j) is Status.READY for j in waiting)
+
+    wait_until(given_back)
+    assert [worker.poll("t:0", 0, loop) for _ in waiting] == ["fenced", "fenced"]
+    assert [s for s in started if s[0] in waiting] == []  # no handler started on a lost lease
+    while _census(h, ids) != {"succeeded": 3}:
+        _poll_until(worker, loop)
+    assert sorted(attempt for job, attempt in started if job in waiting) == [2, 2]

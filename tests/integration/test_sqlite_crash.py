@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agentdispatch import Status, Submission
-from backends import sqlite_harness
+from backends import Harness, sqlite_harness
 from crashkit import Fleet, analyse
 
 TTL_ENV = {"AGENT_DISPATCH_CLAIM_TTL_S": "2", "AGENT_DISPATCH_RENEW_INTERVAL_S": "0.5"}
@@ -27,6 +27,30 @@ def _env(tmp_path: Path) -> dict[str, str]:
     }
 
 
+def _storm(h: Harness, fleet: Fleet, *, max_kills: int, seed: int = 7) -> int:
+    """Three workers; SIGKILL one (and start another) every 0.3-1.2 s, up to
+    ``max_kills`` times, until every turn is terminal. Returns the kills."""
+    for _ in range(3):
+        fleet.spawn()
+    rng = random.Random(seed)
+    kills = 0
+    deadline = time.monotonic() + 150
+    try:
+        while time.monotonic() < deadline:
+            counts = h.store.counts(None)
+            if sum(counts.get(s, 0) for s in ("submitted", "ready", "leased", "running")) == 0:
+                break
+            time.sleep(rng.uniform(0.3, 1.2))
+            if kills < max_kills:
+                victim = rng.choice(fleet.live())
+                fleet.kill(victim)
+                kills += 1
+                fleet.spawn()
+    finally:
+        fleet.stop_all()
+    return kills
+
+
 @pytest.mark.slow
 def test_sigkill_storm_loses_nothing_and_never_duplicates(tmp_path: Path) -> None:
     env = _env(tmp_path)
@@ -40,24 +64,7 @@ def test_sigkill_storm_loses_nothing_and_never_duplicates(tmp_path: Path) -> Non
     for start in range(0, turns, 500):
         handles += h.dispatcher().submit_many(subs[start : start + 500])
     fleet = Fleet(env, threads=4)
-    for _ in range(3):
-        fleet.spawn()
-    rng = random.Random(7)
-    kills = 0
-    deadline = time.monotonic() + 150
-    try:
-        while time.monotonic() < deadline:
-            counts = h.store.counts(None)
-            if sum(counts.get(s, 0) for s in ("submitted", "ready", "leased", "running")) == 0:
-                break
-            time.sleep(rng.uniform(0.3, 1.2))
-            if kills < 12:
-                victim = rng.choice(fleet.live())
-                fleet.kill(victim)
-                kills += 1
-                fleet.spawn()
-    finally:
-        fleet.stop_all()
+    kills = _storm(h, fleet, max_kills=12)
     statuses = [h.store.get(x.job_id, None).status for x in handles]
     report = analyse(Path(env["CRASH_SINK_DIR"]), fleet.killed_at)
     lost = sum(1 for s in statuses if not s.terminal)
@@ -111,3 +118,40 @@ def test_sigstop_zombie_cannot_commit_or_run_a_side_effect(tmp_path: Path) -> No
     assert effects == 0
     assert report.effects == {job.job_id: 1}
     h.close()
+
+
+@pytest.mark.slow
+def test_verified_and_idempotent_effects_settle_without_a_person(tmp_path: Path) -> None:
+    """SIGKILLs during effects: undeclared effects end in the DLQ as
+    effect_unknown (the baseline of this run); effects with verify or an
+    idempotent downstream never do, and none of them runs twice."""
+    env = _env(tmp_path)
+    h = sqlite_harness(tmp_path / "h0", claim_ttl_s=2, renew_interval_s=0.5)
+    kinds, per_kind, sessions = ("crash_turn", "verify_turn", "idempotent_turn"), 600, 60
+    # Longer work around each effect: more kills land between its begin and end.
+    subs = [
+        Submission(kind=kinds[i % 3], tenant="t", session_id=f"s{i % sessions}", payload={"i": i, "max_sleep": 0.06})
+        for i in range(per_kind * 3)
+    ]
+    handles = []
+    for start in range(0, len(subs), 500):
+        handles += h.dispatcher().submit_many(subs[start : start + 500])
+    fleet = Fleet(env, threads=4)
+    kills = _storm(h, fleet, max_kills=40, seed=11)
+    items = [h.store.get(x.job_id, None) for x in handles]
+    report = analyse(Path(env["CRASH_SINK_DIR"]), fleet.killed_at)
+    unknown = {k: sum(1 for it in items if it.kind == k and it.reason == "effect_unknown") for k in kinds}
+    lost = sum(1 for it in items if not it.status.terminal)
+    print(
+        f"\neffect_unknown after {kills} kills over {len(items)} turns: {unknown} "
+        f"lost={lost} duplicates={report.duplicate_effects}"
+    )
+    h.close()
+    assert kills >= 20
+    assert lost == 0
+    assert report.duplicate_effects == 0
+    assert unknown["verify_turn"] == 0 and unknown["idempotent_turn"] == 0
+    done = [it for it in items if it.kind != "crash_turn"]
+    assert all(it.status is Status.SUCCEEDED for it in done)
+    # Every settled effect happened exactly once downstream.
+    assert all(report.effects.get(it.id) == 1 for it in done)

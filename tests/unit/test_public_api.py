@@ -26,6 +26,7 @@ PINNED = [
     "JobNotFound",
     "LeaseGuard",
     "LeaseLost",
+    "NOT_HAPPENED",
     "NonRetryableError",
     "Outcome",
     "OutcomeConflict",

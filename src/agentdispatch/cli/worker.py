@@ -64,6 +64,10 @@ def run_worker(
         err=True,
     )
     clean = worker.run_forever()
+    if worker.fatal is not None:
+        # Exit non-zero so that a supervisor restarts the process.
+        click.echo(f"worker {worker.worker_id}: stopped by an unrecoverable error: {worker.fatal!r}", err=True)
+        sys.exit(3)
     click.echo(f"worker {worker.worker_id}: stopped ({'clean' if clean else 'grace period ran out'})", err=True)
     sys.exit(0)
 

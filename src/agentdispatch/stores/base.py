@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from ..envelope import Envelope
 from ..errors import LeaseLost
@@ -75,6 +75,12 @@ class Effect:
     epoch: int
     result: Any = None
     updated_at: float = 0.0
+
+
+#: How an attempt settles its ``intended`` mark: the effect ran (``committed``),
+#: raised (``failed``: a later attempt runs it again), or its outcome was not
+#: seen (``unknown``: a later attempt verifies it or a person decides).
+EffectState = Literal["committed", "failed", "unknown"]
 
 
 @dataclass(frozen=True)
@@ -166,15 +172,21 @@ class Store(Protocol):
     def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
         """Events (attempts, leases, outcomes) and side-effect ledger of a job."""
 
-    def effect_begin(self, lease: Lease, key: str, ttl_s: float) -> Effect | None:
+    def effect_begin(self, lease: Lease, key: str, ttl_s: float, *, retry_unknown: bool = False) -> Effect | None:
         """Renew the lease and mark ``key`` intended, in one fenced transaction.
         Returns ``None`` when the caller should run it now, else the existing
         record: ``committed`` (return its result) or ``unknown`` (an earlier
         attempt started it and never confirmed: raise :class:`EffectUnknown`).
-        Raises :class:`LeaseLost` when fenced. Never raises after writing."""
+        With ``retry_unknown`` an unconfirmed record is taken over instead
+        (returns ``None``): the caller verified that the effect did not happen,
+        or the downstream deduplicates by key. Raises :class:`LeaseLost` when
+        fenced. Never raises after writing."""
 
-    def effect_end(self, lease: Lease, key: str, *, ok: bool, result: Any) -> None:
-        """Record the effect as committed (``ok``) or failed."""
+    def effect_end(self, lease: Lease, key: str, *, state: EffectState, result: Any) -> bool:
+        """Settle this attempt's ``intended`` mark as ``state``. Fenced by the
+        epoch on the ledger row: False (and nothing written) when the mark is
+        no longer this attempt's (another attempt doubted, verified or re-ran
+        the effect, or a replay released it)."""
 
     def record_poison(self, raw: str, reason: str) -> bool:
         """Durably dead-letter an undeliverable envelope once; True when new."""

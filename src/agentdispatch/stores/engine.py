@@ -17,7 +17,7 @@ from ..envelope import Envelope
 from ..errors import EffectUnknown, InvalidInput, JobNotFound, LeaseLost, QueueFull
 from ..policy import backoff_delay
 from ..workitem import Lease, Outcome, Status, WorkItem
-from .base import Accepted, Claim, ClaimKind, Effect, NewJob, SweepReport
+from .base import Accepted, Claim, ClaimKind, Effect, EffectState, NewJob, SweepReport
 
 
 class Tx(Protocol):
@@ -62,6 +62,10 @@ class Tx(Protocol):
 
     def effect_put(self, tenant: str, effect: Effect, now: float) -> None:
         """Upsert one ledger row."""
+
+    def effect_settle(self, tenant: str, effect: Effect, now: float) -> bool:
+        """Move the row of ``effect.key`` from ``intended`` at ``effect.epoch``
+        (and job) to ``effect.state``; False when the row is not in that state."""
 
     def effects_of(self, job_id: str) -> list[Effect]:
         """The ledger rows written by one job."""
@@ -307,10 +311,11 @@ def replay(tx: Tx, job_id: str, tenant: str | None, extra_attempts: int) -> Work
     return item
 
 
-def effect_begin(tx: Tx, lease: Lease, key: str, ttl_s: float) -> Effect | None:
+def effect_begin(tx: Tx, lease: Lease, key: str, ttl_s: float, *, retry_unknown: bool = False) -> Effect | None:
     """Renew + fence + mark intended (returns None: run it), or return the
     committed record (do not run it) or the ``unknown`` record (do not run it:
-    the caller raises :class:`EffectUnknown`). Nothing raises after a write."""
+    the caller raises :class:`EffectUnknown`, or verifies the effect and calls
+    again with ``retry_unknown``). Nothing raises after a write."""
     now = tx.now()
     item = tx.load(lease.job_id)
     if item is None:
@@ -322,18 +327,28 @@ def effect_begin(tx: Tx, lease: Lease, key: str, ttl_s: float) -> Effect | None:
     if eff is not None and eff.state in ("intended", "unknown"):
         if eff.state == "intended" and eff.epoch == lease.epoch:
             raise EffectUnknown(f"side effect {key!r} is already in flight in this attempt")
-        # Record the doubt (no raise after a write: the caller raises).
-        unknown = Effect(key, eff.job_id, "unknown", eff.epoch)
-        tx.effect_put(lease.tenant, unknown, now)
-        return unknown
+        if not retry_unknown:
+            # Record the doubt (no raise after a write: the caller raises).
+            unknown = Effect(key, eff.job_id, "unknown", eff.epoch)
+            tx.effect_put(lease.tenant, unknown, now)
+            return unknown
     tx.effect_put(lease.tenant, Effect(key, lease.job_id, "intended", lease.epoch), now)
     return None
 
 
-def effect_end(tx: Tx, lease: Lease, key: str, ok: bool, result: Any) -> None:
-    """Record the truth about an effect, fence or no fence: it happened."""
-    state = "committed" if ok else "failed"
-    tx.effect_put(lease.tenant, Effect(key, lease.job_id, state, lease.epoch, result), tx.now())
+def effect_end(tx: Tx, lease: Lease, key: str, state: EffectState, result: Any) -> bool:
+    """Settle this attempt's mark, fenced by the epoch on the ledger row.
+
+    Not by the item's lease: while no other attempt has looked at the mark,
+    what this attempt saw is the truth and the next attempt may reuse it. Once
+    another attempt doubted it (dead-lettered ``effect_unknown``), verified it,
+    or a replay released it, a stale answer must not contradict that record.
+    A repeat of the same settlement (a retried COMMIT) answers True."""
+    now = tx.now()
+    if tx.effect_settle(lease.tenant, Effect(key, lease.job_id, state, lease.epoch, result), now):
+        return True
+    row = tx.effect_get(lease.tenant, key)
+    return row is not None and (row.job_id, row.epoch, row.state) == (lease.job_id, lease.epoch, state)
 
 
 def sweep(tx: Tx, redeliver_after_s: float, limit: int = 500) -> SweepReport:

@@ -403,6 +403,10 @@ class PostgresTx:
         self.flush()
         self.c.execute(Q["effect_put"], effect_params(tenant, effect, now))
 
+    def effect_settle(self, tenant: str, effect: Effect, now: float) -> bool:
+        self.flush()
+        return self.c.execute(Q["effect_settle"], effect_params(tenant, effect, now)).rowcount == 1
+
     def effects_of(self, job_id: str) -> list[Effect]:
         return [effect_from_row(r) for r in self._all(Q["effects_of"], {"id": job_id})]
 

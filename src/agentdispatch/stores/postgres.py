@@ -25,7 +25,7 @@ from ..errors import JobNotFound, LeaseLost, TaskQueueUnavailable
 from ..sqlfiles import migrations
 from ..workitem import Lease, Outcome, Status, WorkItem
 from . import engine
-from .base import Accepted, Claim, Effect, NewJob, SweepReport, WorkerRow
+from .base import Accepted, Claim, Effect, EffectState, NewJob, SweepReport, WorkerRow
 from .pg_db import Conn, PgDb, describe, scalar
 from .pg_tx import SMALL_SUBMISSION, PostgresTx, Q
 from .rows import effect_from_row, item_from_row, worker_from_row
@@ -289,26 +289,33 @@ class PostgresStore:
         return self.db.read(q)
 
     # -- side effects, poison -------------------------------------------------
-    def effect_begin(self, lease: Lease, key: str, ttl_s: float) -> Effect | None:
+    def effect_begin(self, lease: Lease, key: str, ttl_s: float, *, retry_unknown: bool = False) -> Effect | None:
         # Not idempotent: a repeat after an unknown COMMIT would read its own
         # "intended" mark as an effect in flight. Safe retries only.
         # Wait for a restarting database only while the lease may still be live:
         # past it, another worker may own the turn and the effect must not start.
         patience = max(0.0, min(WORKER_PATIENCE_S, lease.expires_at - time.time()))
-        return self._run(lambda tx: engine.effect_begin(tx, lease, key, ttl_s), durable=True, patience_s=patience)
+        return self._run(
+            lambda tx: engine.effect_begin(tx, lease, key, ttl_s, retry_unknown=retry_unknown),
+            durable=True,
+            patience_s=patience,
+        )
 
-    def effect_end(self, lease: Lease, key: str, *, ok: bool, result: Any) -> None:
-        # The effect happened: recording it must outlast a database restart. If
-        # the lease expired meanwhile (an outage longer than the TTL), the turn
-        # may already run elsewhere: stop this handler once the truth is written.
-        def op(tx: PostgresTx) -> bool:
-            engine.effect_end(tx, lease, key, ok, result)
+    def effect_end(self, lease: Lease, key: str, *, state: EffectState, result: Any) -> bool:
+        # What the attempt saw must outlast a database restart; the write is
+        # fenced by the ledger row's epoch, so waiting for it is safe however
+        # long. If the lease expired meanwhile (an outage longer than the TTL),
+        # the turn may already run elsewhere: stop this handler once it is written.
+        def op(tx: PostgresTx) -> tuple[bool, bool]:
+            recorded = engine.effect_end(tx, lease, key, state, result)
             item = tx.load(lease.job_id, lock=False)
-            return item is not None and item.lease_token == lease.token and wi.lease_is_live(item, tx.now())
+            live = item is not None and item.lease_token == lease.token and wi.lease_is_live(item, tx.now())
+            return recorded, live
 
-        live = self._run(op, durable=True, idempotent=True, patience_s=WORKER_PATIENCE_S)
-        if not live:
+        recorded, live = self._run(op, durable=True, idempotent=True, patience_s=WORKER_PATIENCE_S)
+        if recorded and not live:
             raise LeaseLost(f"job {lease.job_id}: lease epoch {lease.epoch} expired while recording {key!r}")
+        return recorded
 
     def record_poison(self, raw: str, reason: str) -> bool:
         digest = hashlib.sha256(raw.encode()).hexdigest()

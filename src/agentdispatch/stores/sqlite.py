@@ -18,7 +18,7 @@ from ..sqlfiles import Queries, compact, migrations
 from ..sqlite_db import SqliteDb, clock
 from ..workitem import Lease, Outcome, Status, WorkItem, evolve
 from . import engine
-from .base import Accepted, Claim, Effect, NewJob, SweepReport, WorkerRow, claim_each, commit_each
+from .base import Accepted, Claim, Effect, EffectState, NewJob, SweepReport, WorkerRow, claim_each, commit_each
 from .rows import blocker_wait, dumps, effect_from_row, effect_params, item_from_row, mutable_params, worker_from_row
 
 _SQL_PKG = "agentdispatch.stores.sql.sqlite"
@@ -198,6 +198,9 @@ class SqliteTx:
     def effect_put(self, tenant: str, effect: Effect, now: float) -> None:
         self._write(Q["effect_put"], effect_params(tenant, effect, now))
 
+    def effect_settle(self, tenant: str, effect: Effect, now: float) -> bool:
+        return self._read(Q["effect_settle"], effect_params(tenant, effect, now)).rowcount == 1
+
     def effects_of(self, job_id: str) -> list[Effect]:
         return [effect_from_row(r) for r in self._read(Q["effects_of"], (job_id,))]
 
@@ -356,13 +359,13 @@ class SqliteStore:
         return {"job": item.view(), "events": events, "side_effects": effects}
 
     # -- side effects, poison ----------------------------------------------
-    def effect_begin(self, lease: Lease, key: str, ttl_s: float) -> Effect | None:
+    def effect_begin(self, lease: Lease, key: str, ttl_s: float, *, retry_unknown: bool = False) -> Effect | None:
         with self._tx(durable=True) as tx:
-            return engine.effect_begin(tx, lease, key, ttl_s)
+            return engine.effect_begin(tx, lease, key, ttl_s, retry_unknown=retry_unknown)
 
-    def effect_end(self, lease: Lease, key: str, *, ok: bool, result: Any) -> None:
+    def effect_end(self, lease: Lease, key: str, *, state: EffectState, result: Any) -> bool:
         with self._tx(durable=True) as tx:
-            engine.effect_end(tx, lease, key, ok, result)
+            return engine.effect_end(tx, lease, key, state, result)
 
     def record_poison(self, raw: str, reason: str) -> bool:
         digest = hashlib.sha256(raw.encode()).hexdigest()

@@ -170,7 +170,8 @@ WHERE session_ref = %(session_ref)s
 LIMIT 1
 
 -- name: effect_get
-SELECT * FROM side_effects WHERE tenant = %(tenant)s AND key = %(key)s
+-- Locked: a stale attempt settling its mark waits for (or precedes) this read.
+SELECT * FROM side_effects WHERE tenant = %(tenant)s AND key = %(key)s FOR UPDATE
 
 -- name: effect_put
 INSERT INTO side_effects (tenant, key, job_id, state, epoch, result, created_at, updated_at)
@@ -178,6 +179,12 @@ VALUES (%(tenant)s, %(key)s, %(job_id)s, %(state)s, %(epoch)s, %(result)s, %(now
 ON CONFLICT (tenant, key) DO UPDATE SET
     state = excluded.state, epoch = excluded.epoch, result = excluded.result,
     updated_at = excluded.updated_at
+
+-- name: effect_settle
+-- Fenced by the epoch on the row: only the attempt whose mark is still
+-- "intended" settles it (a stale attempt's late answer changes nothing).
+UPDATE side_effects SET state = %(state)s, result = %(result)s, updated_at = %(now)s
+WHERE tenant = %(tenant)s AND key = %(key)s AND job_id = %(job_id)s AND epoch = %(epoch)s AND state = 'intended'
 
 -- name: effects_of
 SELECT * FROM side_effects WHERE job_id = %(id)s ORDER BY created_at, key

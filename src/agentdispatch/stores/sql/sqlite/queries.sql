@@ -91,6 +91,12 @@ ON CONFLICT (tenant, key) DO UPDATE SET
     state = excluded.state, epoch = excluded.epoch, result = excluded.result,
     updated_at = excluded.updated_at
 
+-- name: effect_settle
+-- Fenced by the epoch on the row: only the attempt whose mark is still
+-- "intended" settles it (a stale attempt's late answer changes nothing).
+UPDATE side_effects SET state = :state, result = :result, updated_at = :now
+WHERE tenant = :tenant AND key = :key AND job_id = :job_id AND epoch = :epoch AND state = 'intended'
+
 -- name: effects_of
 SELECT * FROM side_effects WHERE job_id = ? ORDER BY created_at
 
