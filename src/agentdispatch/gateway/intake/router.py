@@ -17,12 +17,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from ..errors import RETRY_AFTER_S, is_outage
+from ..auth import authenticate
+from ..errors import RETRY_AFTER_S, ApiError, is_outage
 from ..services import Services
 from . import slack, telegram, twilio
+from .admin import MAX_MESSAGES, messages
 from .admit import Abandoned, BacklogFull, Incoming, admit, answer_of
 from .answers import Answer, ok, twiml
 from .body import BodyRejected, read_capped
@@ -284,6 +286,19 @@ def build_router(services: Services) -> APIRouter:
         if row["finished_at"] is not None or poll >= 10:
             return _send(twilio.apology("Sorry, I have no answer for that."))
         return _send(twilio.hold(base, call, step, poll + 1))
+
+    @router.get(
+        "/conversations/{installation_id}/{conversation}/messages",
+        summary="A conversation's captured messages, oldest first (the caller's tenant only)",
+    )
+    def conversation_messages(
+        installation_id: str, conversation: str, request: Request, limit: int = Query(100, ge=1, le=MAX_MESSAGES)
+    ) -> dict[str, Any]:
+        tenant = authenticate(services, request.headers.get("authorization")).tenant
+        rows = messages(intake.istore, installation_id, conversation, tenant=tenant, limit=limit)
+        if rows is None:  # another tenant's installation answers exactly like a missing one
+            raise ApiError(404, "not_found", f"Conversation {conversation} of {installation_id} not found")
+        return {"installation_id": installation_id, "conversation": conversation, "messages": rows}
 
     return router
 
