@@ -78,4 +78,14 @@ class EffectUnknown(AgentDispatchError):
 
 
 class NonRetryableError(AgentDispatchError):
-    """Raised by a handler to fail the item at once, without retries."""
+    """Raised by a handler to fail the item at once, without retries;
+    ``reason`` (default ``non_retryable``) is the item's visible reason."""
+
+    def __init__(self, message: str = "", *, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class Retired(NonRetryableError):
+    """Raised by a handler to end the item as ``cancelled`` with ``reason``:
+    a policy decided not to run it (like an expired deadline), not a failure."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, EffectUnknown, LeaseLost, NonRetryableError
+from .errors import ConfigError, EffectUnknown, LeaseLost, NonRetryableError, Retired
 from .lease import jsonable
 from .workitem import Outcome, WorkItem
 
@@ -108,7 +108,8 @@ def outcome_of(
     except EffectUnknown as exc:
         return Outcome(ok=False, error=str(exc), retryable=False, dead_letter_reason="effect_unknown")
     except NonRetryableError as exc:
-        return Outcome(ok=False, error=str(exc) or "non-retryable failure", retryable=False)
+        error = str(exc) or "non-retryable failure"
+        return Outcome(ok=False, error=error, retryable=False, reason=exc.reason, retired=isinstance(exc, Retired))
     except Exception as exc:  # a handler's failure is data, not a crash
         return Outcome(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], retryable=True)
 

@@ -44,6 +44,12 @@ class Metrics:
             ["error"],
             registry=r,
         )
+        self.intake_backlog_full = Counter(
+            "agent_utilities_dispatch_intake_backlog_full",
+            "Intake updates answered 503 because their agent's open-item bound was reached",
+            ["connector"],
+            registry=r,
+        )
         self.dead_letters = Gauge("agent_utilities_dispatch_dead_letter", "Items in the dead-letter queue", registry=r)
         self.dead_letter_oldest = Gauge(
             "agent_utilities_dispatch_dead_letter_oldest_age_seconds",

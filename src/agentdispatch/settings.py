@@ -59,8 +59,14 @@ class Settings(BaseSettings):
     intake_commit_timeout_s: float = Field(default=2.0, gt=0, le=60, alias="AGENT_DISPATCH_INTAKE_COMMIT_TIMEOUT_S")
     #: Durable intake: a webhook body not fully read within this cuts the sender off (408).
     intake_body_timeout_s: float = Field(default=10.0, gt=0, le=120, alias="AGENT_DISPATCH_INTAKE_BODY_TIMEOUT_S")
-    #: Durable intake: how often the gateway scrubs terminal bodies older than 7 days.
+    #: Durable intake: how often the gateway scrubs expired terminal bodies.
     intake_scrub_every_s: float = Field(default=3600.0, gt=0, le=86400, alias="AGENT_DISPATCH_INTAKE_SCRUB_EVERY_S")
+    #: Durable intake: a trigger older than this since durable receipt is retired as stale.
+    intake_stale_s: float = Field(default=300.0, gt=0, le=86400, alias="AGENT_DISPATCH_INTAKE_STALE_S")
+    #: Durable intake: terminal envelope bodies older than this are scrubbed (7 days).
+    intake_scrub_age_s: float = Field(
+        default=7 * 86400.0, gt=0, le=366 * 86400, alias="AGENT_DISPATCH_INTAKE_SCRUB_AGE_S"
+    )
 
     @field_validator("task_queue_backend", mode="before")
     @classmethod

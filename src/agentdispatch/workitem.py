@@ -127,11 +127,17 @@ class Outcome:
     retryable: bool = True
     #: Send straight to the dead-letter queue with this reason (a human decides).
     dead_letter_reason: str | None = None
+    #: The visible reason of a non-retryable failure (default ``non_retryable``).
+    reason: str | None = None
+    #: A non-retryable outcome that ends the item as cancelled (a policy retired it).
+    retired: bool = False
 
     def same_as(self, item: WorkItem) -> bool:
         """Whether committing this outcome again would change nothing."""
         if self.ok:
             return item.status is Status.SUCCEEDED and _canon(item.result) == _canon(self.result)
+        if self.retired:
+            return item.status is Status.CANCELLED and item.error == self.error
         return item.status in (Status.FAILED, Status.DEAD_LETTER, Status.READY) and (item.error == self.error)
 
 
@@ -292,10 +298,10 @@ def commit(item: WorkItem, lease: Lease, outcome: Outcome, now: float, backoff_s
     if same_lease and item.status is Status.READY and not outcome.ok and outcome.same_as(item):
         return item  # the same retry committed twice (e.g. the first reply was lost)
     if item.status.terminal and same_lease:
-        if item.status is Status.CANCELLED:
-            raise LeaseLost(f"job {item.id} was cancelled; lease epoch {lease.epoch} fenced")
         if outcome.same_as(item):
             return item
+        if item.status is Status.CANCELLED:
+            raise LeaseLost(f"job {item.id} was cancelled; lease epoch {lease.epoch} fenced")
         raise OutcomeConflict(f"job {item.id} is already {item.status.value}")
     check_fence(item, lease, now)
     done = evolve(
@@ -310,7 +316,8 @@ def commit(item: WorkItem, lease: Lease, outcome: Outcome, now: float, backoff_s
     if outcome.dead_letter_reason:
         return evolve(done, status=Status.DEAD_LETTER, reason=outcome.dead_letter_reason, completed_at=now)
     if not outcome.retryable:
-        return evolve(done, status=Status.FAILED, reason="non_retryable", completed_at=now)
+        status = Status.CANCELLED if outcome.retired else Status.FAILED
+        return evolve(done, status=status, reason=outcome.reason or "non_retryable", completed_at=now)
     if item.attempt >= item.max_attempts:
         return evolve(done, status=Status.DEAD_LETTER, reason="max_attempts", completed_at=now)
     return evolve(done, status=Status.READY, reason="retry", ready_at=now + backoff_s)

@@ -258,24 +258,25 @@ def test_store_too_slow_is_503_then_the_retry_is_admitted(live: Live) -> None:
 def test_backlog_bound_per_agent(tmp_path: Path) -> None:
     data = tmp_path / "data"
     install_all(data)
-    with db(data) as conn:  # 256 non-terminal turns of the agent already queued
+    with db(data) as conn:  # 255 non-terminal turns of the agent already queued
         now = time.time()
         conn.executemany(
             "INSERT INTO work_items (id, tenant, session_id, session_ref, kind, agent_name, payload, status,"
             " max_attempts, created_at, ready_at, updated_at) VALUES (?, 'acme', ?, ?, 'intake_turn', 'helper',"
             " '{}', 'ready', 5, ?, ?, ?)",
-            [(f"fill-{i}", f"s{i}", f"r{i}", now, now, now) for i in range(256)],
+            [(f"fill-{i}", f"s{i}", f"r{i}", now, now, now) for i in range(255)],
         )
     gw = gateway(data)
     try:
         with gw.client() as c:
-            assert post_tg(c, tg_update(1)).status_code == 200
+            assert post_tg(c, tg_update(1)).status_code == 200  # the 256th
+            full = post_tg(c, tg_update(2))  # a retryable failure, nothing stored
+            assert full.status_code == 503 and full.headers["Retry-After"].isdigit()
+            assert count(data, "SELECT count(*) FROM intake_receipts WHERE source_id = ?", f"{TG_BOT}:2") == 0
             with db(data) as conn:
-                row = conn.execute("SELECT state, reason, job_id FROM intake_receipts").fetchone()
-                assert tuple(row) == ("rejected", "backlog_full", None)
                 conn.execute("UPDATE work_items SET status = 'succeeded' WHERE id = 'fill-0'")
             assert post_tg(c, tg_update(1)).status_code == 200  # the duplicate still answers 200
-            assert post_tg(c, tg_update(2)).status_code == 200  # room again: accepted
-            assert count(data, "SELECT count(*) FROM intake_receipts WHERE state = 'accepted'") == 1
+            assert post_tg(c, tg_update(2)).status_code == 200  # room again: the retry is accepted
+            assert count(data, "SELECT count(*) FROM intake_receipts WHERE state = 'accepted'") == 2
     finally:
         gw.stop()

@@ -103,7 +103,8 @@ def test_stale_trigger_is_retired_not_deleted(rig: Rig) -> None:
         sql.tx.c.execute("UPDATE intake_receipts SET received_at = received_at - 301 WHERE id = ?", (job,))
     run(rig, job)
     assert (rig.receipt(job)["state"], rig.receipt(job)["reason"]) == ("stale", "stale")
-    assert rig.h.store.get(job, None).status is Status.SUCCEEDED
+    item = rig.h.store.get(job, None)
+    assert (item.status, item.reason) == (Status.CANCELLED, "stale")
     assert rig.replies() == []
 
 
@@ -121,7 +122,7 @@ def test_route_re_resolved_at_execution(rig: Rig, change: str) -> None:
         admin.set_route(rig.ist, rig.inst["id"], "*", "other")
     run(rig, job)
     item = rig.h.store.get(job, None)
-    assert item.status is Status.FAILED and change in (item.error or "")
+    assert (item.status, item.reason) == (Status.FAILED, change) and change in (item.error or "")
     assert (rig.receipt(job)["state"], rig.receipt(job)["reason"]) == ("rejected", change)
     assert rig.replies() == []
 

@@ -20,6 +20,8 @@ EXPECTED: dict[str, list[str]] = {
         "status", "reason", "attempts", "max_attempts", "dependencies", "deadline_unix", "created_at",
         "ready_at", "updated_at", "completed_at", "lease_owner", "lease_epoch", "lease_token",
         "lease_expires_at", "result", "error", "run_id",
+        # Migration 007: the intake design's operator queries run as written.
+        "agent_id", "intake_attempts", "turn_attempts",
     ],
     "dispatch_depth": ["slot", "n"],
     "work_dependencies": ["depends_on", "job_id"],

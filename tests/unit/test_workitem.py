@@ -309,6 +309,20 @@ def test_non_retryable_failure_is_failed_at_once() -> None:
     assert (done.reason, done.attempt) == ("non_retryable", 1)
 
 
+def test_a_failure_keeps_its_precise_reason_and_a_retirement_cancels() -> None:
+    item, lease = running(make(max_attempts=5))
+    done = wi.commit(item, lease, Outcome(ok=False, error="x", retryable=False, reason="agent_disabled"), T0 + 2, 1)
+    assert (done.status, done.reason) == (Status.FAILED, "agent_disabled")
+    item, lease = running(make(max_attempts=5))
+    stale = Outcome(ok=False, error="too old", retryable=False, reason="stale", retired=True)
+    done = wi.commit(item, lease, stale, T0 + 2, 1)
+    assert (done.status, done.reason, done.error) == (Status.CANCELLED, "stale", "too old")
+    assert wi.commit(done, lease, stale, T0 + 3, 1) is done  # the same commit again changes nothing
+    other, other_lease = running(make())
+    with pytest.raises(LeaseLost):  # an operator's cancel still fences the worker out
+        wi.commit(wi.cancel(other, T0 + 2), other_lease, stale, T0 + 3, 1)
+
+
 def test_dead_letter_reason_short_circuits() -> None:
     item, lease = running(make(max_attempts=5))
     done = wi.commit(item, lease, Outcome(ok=False, error="?", dead_letter_reason="effect_unknown"), T0 + 2, 0)

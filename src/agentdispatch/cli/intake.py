@@ -144,11 +144,34 @@ def register(main: click.Group) -> None:
         click.echo(f"route {channel}: {agent if action == 'set' else 'removed'}")
 
     @intake.command("scrub")
-    @click.option("--age-days", type=float, default=7.0, show_default=True, help="Scrub bodies older than this.")
+    @click.option(
+        "--age-days",
+        type=click.FloatRange(min=0, min_open=True),
+        default=None,
+        help="Scrub bodies older than this [default: AGENT_DISPATCH_INTAKE_SCRUB_AGE_S, 7 days].",
+    )
     @click.pass_obj
-    def scrub(obj: App, age_days: float) -> None:
+    def scrub(obj: App, age_days: float | None) -> None:
         """Clear bodies of terminal receipts; identities stay so late duplicates are caught."""
-        click.echo(f"scrubbed {_istore(obj).scrub(age_days * 86400.0)} receipts")
+        age_s = obj.settings.intake_scrub_age_s if age_days is None else age_days * 86400.0
+        click.echo(f"scrubbed {_istore(obj).scrub(age_s)} receipts")
+
+    @intake.command("messages")
+    @click.argument("installation_id")
+    @click.argument("conversation")
+    @click.option("--tenant", required=True, help="Tenant scope: another tenant's conversation is not found.")
+    @click.option("--limit", type=click.IntRange(1, 1000), default=100, show_default=True, help="Newest N messages.")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+    @click.pass_obj
+    def messages(obj: App, installation_id: str, conversation: str, tenant: str, limit: int, as_json: bool) -> None:
+        """A conversation's captured messages, oldest first (coalesced and steered ones too)."""
+        from ..gateway.intake.admin import messages as read
+
+        rows = read(_istore(obj), installation_id, conversation, tenant=tenant, limit=limit)
+        if rows is None:
+            click.echo(f"error: conversation {conversation} of {installation_id} not found", err=True)
+            sys.exit(1)
+        emit(rows, as_json, lambda: click.echo("\n".join(f"{r['role']:<5} {r['sender']}: {r['text']}" for r in rows)))
 
 
 def _status(obj: App, installation_id: str, status: str) -> None:

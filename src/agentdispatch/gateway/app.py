@@ -76,7 +76,9 @@ def create_app(services: Services) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Intake retention runs beside the webhooks that fill it.
-        scrubber = intake.Scrubber(services.store, every_s=services.settings.intake_scrub_every_s).start()
+        cfg = services.settings
+        scrubber = intake.Scrubber(services.store, every_s=cfg.intake_scrub_every_s, retention_s=cfg.intake_scrub_age_s)
+        scrubber.start()
         try:
             yield
         finally:

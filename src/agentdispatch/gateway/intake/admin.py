@@ -99,3 +99,23 @@ def listing(istore: IntakeStore, what: str) -> list[dict[str, Any]]:
     """``installations``, ``agents``, ``routes`` or ``receipts`` (states), content-free."""
     name = {"installations": "inst_list", "agents": "agent_list", "routes": "route_list", "receipts": "receipt_states"}
     return istore.read(name[what])
+
+
+#: Messages a conversation read returns at most.
+MAX_MESSAGES = 1000
+
+
+def messages(
+    istore: IntakeStore, inst_id: str, conversation: str, *, tenant: str | None, limit: int = 100
+) -> list[dict[str, Any]] | None:
+    """The newest ``limit`` captured messages of a conversation, oldest first
+    (coalesced and steered ones included); None when the installation is
+    unknown or belongs to another tenant (``tenant`` None: the operator)."""
+    if not 1 <= limit <= MAX_MESSAGES:
+        raise ValueError(f"limit must be 1-{MAX_MESSAGES}")
+    with istore.tx(durable=False) as sql:
+        inst = sql.one("inst_get", id=inst_id)
+        if inst is None or (tenant is not None and inst["tenant"] != tenant):
+            return None
+        rows = sql.all("history_recent", installation_id=inst_id, conversation=conversation, limit=limit)
+    return [{"role": r["role"], "sender": r["sender"], "text": r["text"], "at": float(r["at"])} for r in reversed(rows)]

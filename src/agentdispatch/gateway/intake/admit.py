@@ -23,6 +23,11 @@ class Abandoned(Exception):
     """The request already answered 503: roll the transaction back."""
 
 
+class BacklogFull(Exception):
+    """The agent's open-item bound is reached: roll back (nothing is stored, so
+    the provider's retry of the same update is new work once a slot frees)."""
+
+
 @dataclass(frozen=True)
 class Incoming:
     """An authenticated delivery, ready to be recorded."""
@@ -105,9 +110,8 @@ def _admit(
         else:
             queued = sql.count("backlog", agent=agent)
         if queued >= backlog:
-            state, reason, answer = "rejected", "backlog_full", rejected
-        else:
-            job_id = job_id_of(inc.connector, inc.source_id)
+            raise BacklogFull(agent)
+        job_id = job_id_of(inc.connector, inc.source_id)
     env = inc.envelope.with_receipt_time(now) if inc.envelope is not None else None
     inst = inc.installation or {}
     row = sql.one(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from ...errors import NonRetryableError
+from ...errors import NonRetryableError, Retired
 from ...handlers import Handler, Turn
 from ...settings import Settings, load_settings
 from . import outbound
@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 KIND = "intake_turn"
 SLOT_POLL_S = 0.1
+#: Replies one run sends at most (the first, then one per batch of follow-ups
+#: steered in while a reply call was in flight); later ones start a new turn.
+MAX_REPLIES = 8
 
 
 class CapacityBusy(Exception):
@@ -56,13 +59,15 @@ def _turn(
     rid = str((turn.payload or {}).get("receipt", ""))
     rec = ist.receipt(rid)
     if rec is None:
-        raise NonRetryableError(f"intake receipt {rid} is missing")
-    if rec["state"] not in ("accepted", "running"):
-        return {"disposition": rec["state"], "reason": rec["reason"]}  # settled earlier (steered, redelivery)
+        raise NonRetryableError(f"intake receipt {rid} is missing", reason="receipt_missing")
+    if rec["state"] not in ("accepted", "running"):  # settled earlier (steered, or a redelivery)
+        _settled_again(rec)
+        return {"disposition": rec["state"], "reason": rec["reason"]}
     phase = "turn" if rec["captured"] else "intake"
     if p.bump(ist, rid, phase) > p.MAX_PHASE_ACQUISITIONS:
-        p.finish(ist, rid, "failed", f"{phase}_reacquisitions_exhausted")
-        raise NonRetryableError(f"intake {phase} phase reacquired too often")
+        why = f"{phase}_reacquisitions_exhausted"
+        p.finish(ist, rid, "failed", why)
+        raise NonRetryableError(f"intake {phase} phase reacquired too often", reason=why)
     env = IntakeEnvelope.from_json(rec["envelope"])
     if not rec["captured"]:
         engaged, collapsed = p.capture(ist, rid, env, engage)
@@ -74,22 +79,32 @@ def _turn(
     elif not rec["engaged"]:
         p.finish(ist, rid, "ignored", "not_engaged")
         return {"disposition": "ignored"}
-    if p.age(ist, rec) > p.STALE_S:
+    if p.age(ist, rec) > cfg.intake_stale_s:
+        # Retired visibly: the WorkItem ends cancelled with reason stale, like an expired deadline.
         p.finish(ist, rid, "stale", "stale")
-        return {"disposition": "stale", "reason": "stale"}
+        raise Retired(f"trigger older than {cfg.intake_stale_s:g} s since receipt", reason="stale")
     newer = p.newer_trigger(ist, rec, engage)
     if newer is not None:
         p.finish(ist, rid, "coalesced", f"coalesced_into:{newer}")
         return {"disposition": "coalesced", "into": newer}
-    why = p.route_rejection(ist, rec, env)
-    if why is not None:
-        p.finish(ist, rid, "rejected", why)
-        raise NonRetryableError(f"route rejected: {why}")
+    rejection = p.route_rejection(ist, rec, env)
+    if rejection is not None:
+        p.finish(ist, rid, "rejected", rejection)
+        raise NonRetryableError(f"route rejected: {rejection}", reason=rejection)
     _wait_for_slot(ist, rec, guard, cfg)
     try:
         return _respond(ist, rec, env, turn, guard, cfg, respond)
     finally:
         p.release_slot(ist, str(rec["job_id"]))
+
+
+def _settled_again(rec: dict[str, Any]) -> None:
+    """A redelivered turn whose receipt was retired or rejected ends the same way."""
+    why = str(rec["reason"] or rec["state"])
+    if rec["state"] == "stale":
+        raise Retired("trigger retired as stale", reason="stale")
+    if rec["state"] in ("rejected", "failed"):
+        raise NonRetryableError(f"intake {rec['state']}: {why}", reason=why)
 
 
 def _wait_for_slot(ist: IntakeStore, rec: dict[str, Any], guard: LeaseGuard, cfg: Settings) -> None:
@@ -112,24 +127,39 @@ def _respond(
     cfg: Settings,
     respond: p.Respond,
 ) -> dict[str, Any]:
+    inst = p.installation(ist, str(rec["installation_id"]))
+    if inst is None:
+        raise NonRetryableError("installation vanished", reason="installation_vanished")
+    row: dict[str, Any] = inst
+    master = cfg.intake_key.get_secret_value() if cfg.intake_key else None
     ctx = p.Context(envelope=env, agent=str(rec["agent"]), history=p.history(ist, env))
+    if rec["state"] == "running":  # a redelivery: what an earlier attempt steered is still ours
+        ctx.steered.extend(p.steered_into(ist, rec))
     ctx.steered.extend(p.steer(ist, rec))
-    reply = respond(ctx)
-    # Follow-ups that arrived while the responder ran join this run too.
-    more = p.steer(ist, rec)
-    if more:
+    reply, sent = respond(ctx), []
+    while True:
+        more = p.steer(ist, rec)  # arrived while the responder ran: joins this reply
+        if more:
+            ctx.steered.extend(more)
+            ctx.history = p.history(ist, env)
+            reply = respond(ctx)
+            continue
+        # The key names how many follow-ups the reply covers, so a redelivered
+        # run resends nothing it already sent and still answers what it steered.
+        key = f"intake-reply:{turn.job_id}:{len(ctx.steered)}"
+
+        def send(text: str = reply, key: str = key) -> dict[str, Any]:
+            return outbound.send(row, open_credentials(master, row["id"], row["credentials"]), env, text, key)
+
+        sent.append(guard.side_effect(key, send))
+        p.record_reply(ist, rec, env, reply, len(ctx.steered))
+        # A follow-up that arrived while the reply call was in flight is steered
+        # into this run too and answered here, not by a second turn.
+        more = [] if len(sent) >= MAX_REPLIES else p.steer(ist, rec)
+        if not more:
+            break
         ctx.steered.extend(more)
         ctx.history = p.history(ist, env)
         reply = respond(ctx)
-    inst = p.installation(ist, str(rec["installation_id"]))
-    if inst is None:
-        raise NonRetryableError("installation vanished")
-    key = f"intake-reply:{turn.job_id}:0"
-    master = cfg.intake_key.get_secret_value() if cfg.intake_key else None
-
-    def send() -> dict[str, Any]:
-        return outbound.send(inst, open_credentials(master, inst["id"], inst["credentials"]), env, reply, key)
-
-    sent = guard.side_effect(key, send)
-    p.record_reply(ist, rec, env, reply)
-    return {"disposition": "replied", "sent": sent, "steered": len(ctx.steered)}
+    p.finish(ist, str(rec["id"]), "replied")
+    return {"disposition": "replied", "sent": sent[0], "replies": len(sent), "steered": len(ctx.steered)}

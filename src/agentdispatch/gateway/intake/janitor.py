@@ -1,5 +1,6 @@
 """Retention off the request path: terminal intake bodies are scrubbed once
-they are older than the retention (SPEC 9.7: 7 days), while identities,
+they are older than the retention (SPEC 9.7: 7 days by default,
+``AGENT_DISPATCH_INTAKE_SCRUB_AGE_S``), while identities,
 references and outcomes stay, so a late duplicate is still recognised."""
 
 from __future__ import annotations

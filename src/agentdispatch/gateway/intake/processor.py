@@ -10,8 +10,6 @@ from typing import Any
 from .envelope import IntakeEnvelope
 from .store import IntakeStore, Sql
 
-#: Triggers older than this since durable receipt are retired as ``stale``.
-STALE_S = 300.0
 #: The first acquisition of a phase plus up to three reacquisitions.
 MAX_PHASE_ACQUISITIONS = 4
 
@@ -58,7 +56,10 @@ def _history_row(sql: Sql, env: IntakeEnvelope, receipt_id: str, role: str) -> i
 def bump(istore: IntakeStore, receipt_id: str, phase: str) -> int:
     """Count one acquisition of ``phase`` (``intake`` or ``turn``); returns the total."""
     with istore.tx() as sql:
-        return sql.count("bump_intake" if phase == "intake" else "bump_turn", id=receipt_id)
+        n = sql.count("bump_intake" if phase == "intake" else "bump_turn", id=receipt_id)
+        # Mirrored on the WorkItem (its id is the receipt's) for the operators' SQL.
+        sql.run("mirror_intake" if phase == "intake" else "mirror_turn", id=receipt_id, n=n)
+        return n
 
 
 def capture(istore: IntakeStore, receipt_id: str, env: IntakeEnvelope, engage: Engage) -> tuple[bool, bool]:
@@ -119,6 +120,17 @@ def steer(istore: IntakeStore, receipt: dict[str, Any]) -> list[IntakeEnvelope]:
     return taken
 
 
+def steered_into(istore: IntakeStore, receipt: dict[str, Any]) -> list[IntakeEnvelope]:
+    """The follow-ups already steered into this run (by an earlier attempt), in order."""
+    rows = istore.read(
+        "steered_of",
+        installation_id=receipt["installation_id"],
+        conversation=receipt["conversation"],
+        job_id=receipt["job_id"],
+    )
+    return [IntakeEnvelope.from_json(r["envelope"]) for r in rows if r["envelope"]]
+
+
 def route_rejection(istore: IntakeStore, receipt: dict[str, Any], env: IntakeEnvelope) -> str | None:
     """Why the current route forbids this turn, or None when it may run."""
     with istore.tx(durable=False) as sql:
@@ -176,22 +188,22 @@ def release_slot(istore: IntakeStore, job_id: str) -> None:
         sql.run("run_release", job_id=job_id)
 
 
-def record_reply(istore: IntakeStore, receipt: dict[str, Any], env: IntakeEnvelope, reply: str) -> None:
-    """Keep the reply (voice answers it from here) and add it to the history."""
+def record_reply(istore: IntakeStore, receipt: dict[str, Any], env: IntakeEnvelope, reply: str, steered: int) -> None:
+    """Keep the reply (voice answers it from here) and add it to the history;
+    ``steered`` (the follow-ups it covers) tells a run's replies apart."""
     with istore.tx() as sql:
         sql.run("set_reply", id=receipt["id"], reply=reply)
         sql.run(
             "history_insert",
             installation_id=env.installation,
             conversation=env.conversation,
-            message_key=f"reply:{receipt['job_id']}",
+            message_key=f"reply:{receipt['job_id']}" + (f":{steered}" if steered else ""),
             receipt_id=receipt["id"],
             role="agent",
             sender=receipt["agent"],
             text=reply,
             now=sql.now(),
         )
-        sql.run("finish", id=receipt["id"], state="replied", reason=None, now=sql.now())
 
 
 def history(istore: IntakeStore, env: IntakeEnvelope, limit: int = 20) -> list[dict[str, Any]]:

@@ -87,6 +87,17 @@ UPDATE intake_receipts SET intake_attempts = intake_attempts + 1 WHERE id = :id 
 -- name: bump_turn
 UPDATE intake_receipts SET turn_attempts = turn_attempts + 1 WHERE id = :id RETURNING turn_attempts AS n
 
+-- name: mirror_intake
+UPDATE work_items SET intake_attempts = :n WHERE id = :id
+
+-- name: mirror_turn
+UPDATE work_items SET turn_attempts = :n WHERE id = :id
+
+-- name: steered_of
+SELECT envelope FROM intake_receipts
+WHERE installation_id = :installation_id AND conversation = :conversation AND steered_into = :job_id
+ORDER BY received_at, id
+
 -- name: mark_captured
 UPDATE intake_receipts SET captured = 1, engaged = :engaged WHERE id = :id
 

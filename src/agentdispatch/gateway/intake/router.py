@@ -17,13 +17,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from ..errors import RETRY_AFTER_S, is_outage
+from ..auth import authenticate
+from ..errors import RETRY_AFTER_S, ApiError, is_outage
 from ..services import Services
 from . import slack, telegram, twilio
-from .admit import Abandoned, Incoming, admit, answer_of
+from .admin import MAX_MESSAGES, messages
+from .admit import Abandoned, BacklogFull, Incoming, admit, answer_of
 from .answers import Answer, ok, twiml
 from .body import BodyRejected, read_capped
 from .credentials import CredentialError, open_credentials
@@ -37,7 +39,12 @@ CACHE_S = 2.0
 
 
 class Unavailable(Exception):
-    """The store failed or was too slow: answer 503 so the provider retries."""
+    """The store failed or was too slow, or the agent's backlog is full: answer
+    503 so the provider retries."""
+
+    def __init__(self, reason: str = "unavailable") -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def _send(answer: Answer) -> Response:
@@ -103,25 +110,30 @@ class Intake:
 
     async def record(self, inc: Incoming, rejected: Answer) -> Answer:
         s = self.services.settings
-        return await self.db(
-            lambda abandoned: admit(
-                self.istore,
-                inc,
-                max_depth=s.max_depth,
-                max_attempts=s.max_attempts,
-                rejected=rejected,
-                abandoned=abandoned,
+        try:
+            return await self.db(
+                lambda abandoned: admit(
+                    self.istore,
+                    inc,
+                    max_depth=s.max_depth,
+                    max_attempts=s.max_attempts,
+                    rejected=rejected,
+                    abandoned=abandoned,
+                )
             )
-        )
+        except BacklogFull:
+            self.services.metrics.intake_backlog_full.labels(connector=inc.connector).inc()
+            log.warning("intake: an agent's backlog is full: answered 503 (backlog_full)")
+            raise Unavailable("backlog_full") from None
 
     async def body(self, request: Request) -> bytes:
         return await read_capped(request, timeout_s=self.services.settings.intake_body_timeout_s)
 
 
-def _unavailable(answer: Answer | None = None) -> Response:
+def _unavailable(answer: Answer | None = None, reason: str = "unavailable") -> Response:
     if answer is not None:
         return _send(answer)
-    return Response("unavailable, retry later", status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+    return Response(f"{reason}, retry later", status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def _digest_source(prefix: str, body: bytes) -> str:
@@ -174,8 +186,8 @@ def build_router(services: Services) -> APIRouter:
         inc = Incoming(**{**inc.__dict__, "retry_num": retry, "retry_reason": reason_hdr})
         try:
             return _send(await intake.record(inc, rejected))
-        except Unavailable:
-            return _unavailable()
+        except Unavailable as exc:
+            return _unavailable(reason=exc.reason)
 
     @router.post("/telegram/{bot_id}", include_in_schema=False)
     async def telegram_update(bot_id: str, request: Request) -> Response:
@@ -199,8 +211,8 @@ def build_router(services: Services) -> APIRouter:
             inc = _incoming("telegram", got, body, ok(), ok(), inst, bot_id)
         try:
             return _send(await intake.record(inc, ok()))
-        except Unavailable:
-            return _unavailable()
+        except Unavailable as exc:
+            return _unavailable(reason=exc.reason)
 
     async def twilio_auth(account: str, request: Request) -> tuple[bytes, dict[str, Any], dict[str, str]] | Response:
         try:
@@ -230,8 +242,8 @@ def build_router(services: Services) -> APIRouter:
         inc = _incoming("twilio", twilio.sms(params, inst["id"]), body, twiml(), twiml(), inst, account)
         try:
             return _send(await intake.record(inc, twiml()))
-        except Unavailable:
-            return _unavailable()
+        except Unavailable as exc:
+            return _unavailable(reason=exc.reason)
 
     @router.post("/twilio/{account}/voice", include_in_schema=False)
     async def twilio_voice(account: str, request: Request) -> Response:
@@ -274,6 +286,19 @@ def build_router(services: Services) -> APIRouter:
         if row["finished_at"] is not None or poll >= 10:
             return _send(twilio.apology("Sorry, I have no answer for that."))
         return _send(twilio.hold(base, call, step, poll + 1))
+
+    @router.get(
+        "/conversations/{installation_id}/{conversation}/messages",
+        summary="A conversation's captured messages, oldest first (the caller's tenant only)",
+    )
+    def conversation_messages(
+        installation_id: str, conversation: str, request: Request, limit: int = Query(100, ge=1, le=MAX_MESSAGES)
+    ) -> dict[str, Any]:
+        tenant = authenticate(services, request.headers.get("authorization")).tenant
+        rows = messages(intake.istore, installation_id, conversation, tenant=tenant, limit=limit)
+        if rows is None:  # another tenant's installation answers exactly like a missing one
+            raise ApiError(404, "not_found", f"Conversation {conversation} of {installation_id} not found")
+        return {"installation_id": installation_id, "conversation": conversation, "messages": rows}
 
     return router
 
