@@ -118,7 +118,7 @@ class SqliteDb:
             except sqlite3.Error as exc:
                 if _corrupt(exc):
                     raise
-                raise TaskQueueUnavailable(f"SQLite queue unavailable ({exc})") from None
+                raise TaskQueueUnavailable(f"SQLite queue unavailable ({exc}); check AGENT_DISPATCH_DATA_DIR") from None
             try:
                 yield conn
             except BaseException:
@@ -156,7 +156,7 @@ class SqliteDb:
         ok = False
         try:
             if batch.error is not None:
-                raise TaskQueueUnavailable(f"SQLite queue unavailable ({batch.error})")
+                raise TaskQueueUnavailable(f"SQLite queue unavailable ({batch.error}); check AGENT_DISPATCH_DATA_DIR")
             assert batch.conn is not None
             with batch.turn:
                 conn = batch.conn

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sqlite3
 import sys
 from types import FrameType
 
@@ -46,6 +47,13 @@ def run_worker(
     except TaskQueueUnavailable as exc:
         click.echo(
             f"error: preflight failed: {exc} (check TASK_QUEUE_BACKEND / STATE_DB_URI / KAFKA_BOOTSTRAP_SERVERS)",
+            err=True,
+        )
+        sys.exit(2)
+    except sqlite3.DatabaseError:
+        # Raised as is at run time (a worker exits non-zero); at start-up it is a setting to check.
+        click.echo(
+            "error: preflight failed: the SQLite queue file is not a database (check AGENT_DISPATCH_DATA_DIR)",
             err=True,
         )
         sys.exit(2)
