@@ -14,6 +14,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 from backends import BUILDERS, CONTRACT_BACKENDS, Harness
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Crash tests run one after another on one pytest-xdist worker (with
+    ``--dist loadgroup``): each runs a fleet of processes, and two side by side
+    on two cores would starve their leases of renewals."""
+    for item in items:
+        if item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.xdist_group("crash"))
+
+
 @pytest.fixture(params=CONTRACT_BACKENDS)
 def backend_name(request: pytest.FixtureRequest) -> str:
     """Each backend of the contract matrix."""

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from e2e.gatewayproc import Gateway
 from intake.kit import count, gateway, install_all, post_tg, tg_update
@@ -20,6 +21,7 @@ UPDATES = 120
 MAX_KILLS = 8
 
 
+@pytest.mark.slow
 def test_sigkill_storm_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     data = tmp_path / "data"
     install_all(data)
