@@ -127,6 +127,9 @@ class Outcome:
     retryable: bool = True
     #: Send straight to the dead-letter queue with this reason (a human decides).
     dead_letter_reason: str | None = None
+    #: The item's reason when a retryable failure sends it back to ready
+    #: (``retry`` when unset; ``timeout``, ``overloaded``).
+    reason: str | None = None
 
     def same_as(self, item: WorkItem) -> bool:
         """Whether committing this outcome again would change nothing."""
@@ -313,7 +316,7 @@ def commit(item: WorkItem, lease: Lease, outcome: Outcome, now: float, backoff_s
         return evolve(done, status=Status.FAILED, reason="non_retryable", completed_at=now)
     if item.attempt >= item.max_attempts:
         return evolve(done, status=Status.DEAD_LETTER, reason="max_attempts", completed_at=now)
-    return evolve(done, status=Status.READY, reason="retry", ready_at=now + backoff_s)
+    return evolve(done, status=Status.READY, reason=outcome.reason or "retry", ready_at=now + backoff_s)
 
 
 def expire_lease(item: WorkItem, now: float) -> WorkItem:
