@@ -170,7 +170,9 @@ def test_a_turn_past_its_kind_timeout_is_cancelled_and_retried_with_reason_timeo
     job = harness.dispatcher().submit(Submission(kind="hangs", tenant="t"))
     with running(harness, reg, concurrency=2):
         assert cancelled.wait(30)
-        wait_until(lambda: harness.store.get(job.job_id, "t").attempt >= 1 and _reason(harness, job.job_id) == "timeout")
+        wait_until(
+            lambda: harness.store.get(job.job_id, "t").attempt >= 1 and _reason(harness, job.job_id) == "timeout"
+        )
     item = harness.store.get(job.job_id, "t")
     assert item.error is not None and item.error.startswith("timeout")
 

@@ -11,10 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from agentdispatch import Status, Submission
 from backends import sqlite_harness
 from contract.helpers import wait_until
-
-from agentdispatch import Status, Submission
 
 APPS = Path(__file__).parent.parent / "apps"
 

@@ -14,7 +14,7 @@ class RuntimeOptions:
     #: Threads running synchronous handlers (an ``async def`` handler needs none).
     threads: int = 16
     #: Threads making the ledger writes of ``side_effect_async`` (off the loop).
-    io_threads: int = 8
+    io_threads: int = 32
     grace_s: float = 30.0
     heartbeat_s: float = 30.0
     get_wait_s: float = 0.5

@@ -118,8 +118,10 @@ class AsyncWorker:
         opts = self.options
         handlers = ThreadPoolExecutor(opts.threads, thread_name_prefix="handler")
         self._io = ThreadPoolExecutor(opts.io_threads, thread_name_prefix="ledger")
-        self._claims = ThreadPoolExecutor(1, thread_name_prefix="claim")
-        self._commits = ThreadPoolExecutor(1, thread_name_prefix="commit")
+        # Claims and commits take turns on one thread: run side by side they
+        # lock queue, fairness and item rows in opposite orders (PostgreSQL
+        # deadlocks); on SQLite they queue for the one writer anyway.
+        self._claims = self._commits = ThreadPoolExecutor(1, thread_name_prefix="traffic")
         self.renewer.start()
         reconciler = (
             Reconciler(self.store, self.transport, self.settings.claim_ttl_s).start() if opts.reconcile else None
@@ -138,7 +140,7 @@ class AsyncWorker:
             if reconciler is not None:
                 reconciler.stop()
             handlers.shutdown(wait=False, cancel_futures=True)  # a sync handler past the grace is abandoned
-            for ex in (self._io, self._claims, self._commits):
+            for ex in (self._io, self._claims):
                 ex.shutdown(wait=True)
             with contextlib.suppress(Exception):  # best effort: the row ages out anyway
                 self.store.remove_worker(self.worker_id)
