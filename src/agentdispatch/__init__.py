@@ -18,13 +18,15 @@ from .errors import (
     LeaseLost,
     NonRetryableError,
     OutcomeConflict,
+    Overloaded,
     PayloadTooLarge,
     QueueFull,
     TaskQueueUnavailable,
 )
 from .factory import open_backends
 from .handlers import Registry, Turn
-from .lease import NOT_HAPPENED, LeaseGuard
+from .lease import NOT_HAPPENED, Fence, LeaseGuard
+from .runtime import AsyncWorker, RuntimeOptions
 from .settings import Settings, load_settings
 from .worker import Worker, WorkerOptions
 from .workitem import Outcome, Status, WorkItem
@@ -34,11 +36,13 @@ __version__ = "0.1.0"
 __all__ = [
     "NOT_HAPPENED",
     "AgentDispatchError",
+    "AsyncWorker",
     "ConfigError",
     "DepthUnavailable",
     "Dispatcher",
     "EffectUnknown",
     "Envelope",
+    "Fence",
     "InvalidEnvelope",
     "InvalidInput",
     "InvalidTransition",
@@ -49,9 +53,11 @@ __all__ = [
     "NonRetryableError",
     "Outcome",
     "OutcomeConflict",
+    "Overloaded",
     "PayloadTooLarge",
     "QueueFull",
     "Registry",
+    "RuntimeOptions",
     "Settings",
     "Status",
     "Submission",

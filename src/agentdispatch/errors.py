@@ -16,6 +16,7 @@
      +-- LeaseLost                fenced: stale epoch/token, expiry or cancel
      +-- EffectUnknown            a side effect may have run; a human decides
      +-- NonRetryableError        raised by a handler: fail without retrying
+     +-- Overloaded               raised by a handler: the model gateway is overloaded
 """
 
 from __future__ import annotations
@@ -89,3 +90,12 @@ class NonRetryableError(AgentDispatchError):
 class Retired(NonRetryableError):
     """Raised by a handler to end the item as ``cancelled`` with ``reason``:
     a policy decided not to run it (like an expired deadline), not a failure."""
+
+
+class Overloaded(AgentDispatchError):
+    """Raised by a handler when a downstream (a model gateway) is overloaded:
+    the turn is retried later and the worker lowers its concurrency limit."""
+
+    def __init__(self, retry_after_s: float = 1.0, message: str = "") -> None:
+        super().__init__(message or f"overloaded: retry after {retry_after_s:g} s")
+        self.retry_after_s = max(0.0, float(retry_after_s))

@@ -45,27 +45,41 @@ class Registry:
 
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}
+        self._timeouts: dict[str, float] = {}
 
-    def register(self, kind: str) -> Callable[[Handler], Handler]:
-        """Decorator: ``@registry.register("kind")``."""
+    def register(self, kind: str, *, timeout_s: float | None = None) -> Callable[[Handler], Handler]:
+        """Decorator: ``@registry.register("kind", timeout_s=300)``. A turn
+        running past ``timeout_s`` is cancelled and retried (reason ``timeout``)."""
 
         def add(fn: Handler) -> Handler:
-            self._handlers[kind] = fn
+            self.add(kind, fn, timeout_s=timeout_s)
             return fn
 
         return add
 
-    def add(self, kind: str, fn: Handler) -> None:
-        """Register ``fn`` for ``kind``."""
+    def add(self, kind: str, fn: Handler, *, timeout_s: float | None = None) -> None:
+        """Register ``fn`` for ``kind`` (see :meth:`register`)."""
+        if timeout_s is not None and not timeout_s > 0:
+            raise ConfigError(f"handler {kind!r}: timeout_s must be above 0, got {timeout_s!r}")
         self._handlers[kind] = fn
+        self._timeouts.pop(kind, None)
+        if timeout_s is not None:
+            self._timeouts[kind] = float(timeout_s)
 
     def get(self, kind: str) -> Handler | None:
         """The handler of ``kind``, or None."""
         return self._handlers.get(kind)
 
+    def timeout_of(self, kind: str) -> float | None:
+        """The execution timeout of ``kind`` in seconds (None: none)."""
+        return self._timeouts.get(kind)
+
     def update(self, other: Registry) -> None:
         """Take every handler of ``other``."""
+        for kind in other._handlers:
+            self._timeouts.pop(kind, None)
         self._handlers.update(other._handlers)
+        self._timeouts.update(other._timeouts)
 
     def kinds(self) -> list[str]:
         """Registered kinds, sorted."""
@@ -83,15 +97,9 @@ def run_handler(fn: Handler, turn: Turn, guard: LeaseGuard, loop: asyncio.Abstra
     return result
 
 
-def outcome_of(
-    registry: Registry, item: WorkItem, guard: LeaseGuard, loop: asyncio.AbstractEventLoop
-) -> Outcome | None:
-    """Run the item's handler: its result or its failure as an :class:`Outcome`
-    (an unknown kind fails for good), or None when the lease was lost."""
-    fn = registry.get(item.kind)
-    if fn is None:
-        return Outcome(ok=False, error=f"unknown kind {item.kind!r}: no handler registered", retryable=False)
-    turn = Turn(
+def turn_of(item: WorkItem) -> Turn:
+    """What the handler of ``item`` receives."""
+    return Turn(
         job_id=item.id,
         session_id=item.session_id,
         tenant=item.tenant,
@@ -101,17 +109,39 @@ def outcome_of(
         agent_name=item.agent_name,
         deadline_unix=item.deadline_unix,
     )
-    try:
-        return Outcome(ok=True, result=jsonable(run_handler(fn, turn, guard, loop)))
-    except LeaseLost:
+
+
+def unknown_kind(kind: str) -> Outcome:
+    """The outcome of a turn nobody can run: it fails for good."""
+    return Outcome(ok=False, error=f"unknown kind {kind!r}: no handler registered", retryable=False)
+
+
+def failure_outcome(exc: Exception) -> Outcome | None:
+    """A handler's exception as an :class:`Outcome` (None: the lease was lost,
+    nothing may be committed)."""
+    if isinstance(exc, LeaseLost):
         return None
-    except EffectUnknown as exc:
+    if isinstance(exc, EffectUnknown):
         return Outcome(ok=False, error=str(exc), retryable=False, dead_letter_reason="effect_unknown")
-    except NonRetryableError as exc:
+    if isinstance(exc, NonRetryableError):
         error = str(exc) or "non-retryable failure"
         return Outcome(ok=False, error=error, retryable=False, reason=exc.reason, retired=isinstance(exc, Retired))
-    except Exception as exc:  # a handler's failure is data, not a crash
-        return Outcome(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], retryable=True)
+    # A handler's failure is data, not a crash.
+    return Outcome(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], retryable=True)
+
+
+def outcome_of(
+    registry: Registry, item: WorkItem, guard: LeaseGuard, loop: asyncio.AbstractEventLoop
+) -> Outcome | None:
+    """Run the item's handler: its result or its failure as an :class:`Outcome`
+    (an unknown kind fails for good), or None when the lease was lost."""
+    fn = registry.get(item.kind)
+    if fn is None:
+        return unknown_kind(item.kind)
+    try:
+        return Outcome(ok=True, result=jsonable(run_handler(fn, turn_of(item), guard, loop)))
+    except Exception as exc:
+        return failure_outcome(exc)
 
 
 def echo(turn: Turn, guard: LeaseGuard) -> Any:

@@ -3,11 +3,16 @@ every side effect, and refuses once the lease is lost."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
+import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .errors import AgentDispatchError, EffectUnknown, LeaseLost
@@ -19,6 +24,33 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 log = logging.getLogger("agentdispatch.lease")
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A lease's fencing token, for a downstream system that supports
+    conditional writes: refuse a write of ``job_id`` whose ``epoch`` is below
+    the highest one seen (a stale attempt). An effect function receives it
+    when it has a parameter named ``fence``."""
+
+    job_id: str
+    epoch: int
+    token: str
+
+
+@functools.lru_cache(maxsize=4096)
+def _code_wants_fence(code: Any) -> bool:
+    return "fence" in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+
+
+def _wants_fence(fn: Callable[..., Any]) -> bool:
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        return _code_wants_fence(code)  # lambdas are new objects per call; their code is not
+    try:
+        return "fence" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 class LeaseGuard:
@@ -42,6 +74,31 @@ class LeaseGuard:
         self._stop = threading.Event()
         self._mutex = threading.Lock()
         self._thread: threading.Thread | None = None
+        #: Called (from the renewing thread) once the guard is lost or revoked:
+        #: the async runtime cancels the turn's task there.
+        self.on_lost: Callable[[str], None] | None = None
+        #: Where :meth:`side_effect_async` runs its store calls (None: the
+        #: loop's default executor).
+        self.io: Executor | None = None
+
+    @property
+    def fence(self) -> Fence:
+        """The lease's fencing token (see :class:`Fence`)."""
+        return Fence(self.lease.job_id, self.lease.epoch, self.lease.token)
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why the guard refuses (None while it holds)."""
+        return self._lost
+
+    def revoke(self, reason: str) -> None:
+        """Refuse from now on (a refused renewal, a timeout, a shutdown): no
+        side effect starts after this call, and :attr:`on_lost` is told."""
+        if self._lost is None:
+            self._lost = reason
+        callback = self.on_lost
+        if callback is not None:
+            callback(reason)
 
     @property
     def job_id(self) -> str:
@@ -102,7 +159,7 @@ class LeaseGuard:
         try:
             self.lease = self.store.renew(self.lease, self.ttl_s)
         except LeaseLost as exc:
-            self._lost = str(exc)
+            self.revoke(str(exc))
             raise
 
     def check(self) -> None:
@@ -113,7 +170,7 @@ class LeaseGuard:
     def side_effect(
         self,
         key: str,
-        fn: Callable[[], T],
+        fn: Callable[..., T],
         *,
         verify: Callable[[], T | NotHappened] | None = None,
         idempotent: bool = False,
@@ -131,7 +188,10 @@ class LeaseGuard:
 
         ``fn`` runs without holding the guard, so renewals go on however long
         it takes; an ``fn`` that raises is recorded ``failed`` (``unknown``
-        with ``verify``, or when interrupted), never committed."""
+        with ``verify``, or when interrupted), never committed. An ``fn`` with
+        a parameter named ``fence`` receives the lease's :class:`Fence`.
+
+        In an ``async def`` handler use :meth:`side_effect_async`."""
         done = self._begin(key, retry_unknown=idempotent)
         if done is not None and done.state == "unknown":
             if verify is None:
@@ -147,7 +207,7 @@ class LeaseGuard:
         if done is not None:
             return done.result  # type: ignore[no-any-return]
         try:
-            result = fn()
+            result = fn(fence=self.fence) if _wants_fence(fn) else fn()
         except Exception:
             self._settle_quietly(key, "failed" if verify is None else "unknown")
             raise
@@ -157,13 +217,72 @@ class LeaseGuard:
         self._settle(key, "committed", result)
         return result
 
+    async def side_effect_async(
+        self,
+        key: str,
+        fn: Callable[..., Awaitable[T]],
+        *,
+        verify: Callable[[], Awaitable[T | NotHappened]] | None = None,
+        idempotent: bool = False,
+    ) -> T:
+        """:meth:`side_effect` for ``async def`` handlers: ``fn`` (and
+        ``verify``) are coroutine functions, awaited on the turn's loop; the
+        ledger writes run off the loop. The same ledger, states and fence: a
+        turn cancelled while ``fn`` runs leaves it ``unknown``; one cancelled
+        before ``fn`` started never starts it."""
+        done = await self._io(self._begin, key, retry_unknown=idempotent)
+        if done is not None and done.state == "unknown":
+            if verify is None:
+                raise EffectUnknown(
+                    f"side effect {key!r} was started by attempt epoch {done.epoch} and never "
+                    "confirmed; inspect it, then replay the job from the dead-letter queue"
+                )
+            found = await verify()
+            done = await self._io(self._begin, key, retry_unknown=True)
+            if done is None and not isinstance(found, NotHappened):
+                await self._io(self._settle, key, "committed", found)
+                return found
+        if done is not None:
+            return done.result  # type: ignore[no-any-return]
+        if self._lost is not None:  # revoked while the mark was written: fn must not start
+            await self._io(self._settle_quietly, key, "failed")
+            raise LeaseLost(self._lost)
+        try:
+            result = await (fn(fence=self.fence) if _wants_fence(fn) else fn())
+        except asyncio.CancelledError:
+            await self._io(self._settle_quietly, key, "unknown")  # interrupted: the outcome was not seen
+            raise
+        except Exception:
+            await self._io(self._settle_quietly, key, "failed" if verify is None else "unknown")
+            raise
+        await self._io(self._settle, key, "committed", result)
+        return result
+
+    async def _io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """A blocking ledger call off the loop. If the turn is cancelled while
+        it runs, the call still finishes (a begin that wrote its mark is
+        settled ``failed``: ``fn`` never ran) before the cancel goes on."""
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self.io, functools.partial(fn, *args, **kwargs))
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if fn == self._begin:
+                fut.add_done_callback(functools.partial(self._undo_begin, args[0]))
+            raise
+
+    def _undo_begin(self, key: str, fut: asyncio.Future[Any]) -> None:
+        if not fut.cancelled() and fut.exception() is None and fut.result() is None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the mark reads as unknown
+                fut.get_loop().run_in_executor(self.io, self._settle_quietly, key, "failed")
+
     def _begin(self, key: str, *, retry_unknown: bool) -> Effect | None:
         self.check()
         with self._mutex:
             try:
                 return self.store.effect_begin(self.lease, key, self.ttl_s, retry_unknown=retry_unknown)
             except LeaseLost as exc:
-                self._lost = str(exc)
+                self.revoke(str(exc))
                 raise
 
     def _settle(self, key: str, state: EffectState, result: Any) -> None:
@@ -171,11 +290,11 @@ class LeaseGuard:
             try:
                 recorded = self.store.effect_end(self.lease, key, state=state, result=jsonable(result))
             except LeaseLost as exc:
-                self._lost = str(exc)
+                self.revoke(str(exc))
                 raise
         if not recorded:
-            self._lost = f"job {self.job_id}: another attempt took over side effect {key!r}"
-            raise LeaseLost(self._lost)
+            self.revoke(f"job {self.job_id}: another attempt took over side effect {key!r}")
+            raise LeaseLost(f"job {self.job_id}: another attempt took over side effect {key!r}")
 
     def _settle_quietly(self, key: str, state: EffectState) -> None:
         # The handler gets fn's own exception: if this record cannot be

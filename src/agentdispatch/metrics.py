@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-OUTCOMES = ("completed", "failed", "retried", "dead_letter", "skipped", "expired", "fenced", "poison", "busy")
+OUTCOMES = (
+    "completed",
+    "failed",
+    "retried",
+    "dead_letter",
+    "skipped",
+    "expired",
+    "fenced",
+    "poison",
+    "busy",
+    "released",
+)
 
 
 class Metrics:
@@ -48,6 +59,17 @@ class Metrics:
             "agent_utilities_dispatch_intake_backlog_full",
             "Intake updates answered 503 because their agent's open-item bound was reached",
             ["connector"],
+            registry=r,
+        )
+        self.in_flight = Gauge("agent_utilities_dispatch_in_flight", "Turns running in this worker", registry=r)
+        self.concurrency_limit = Gauge(
+            "agent_utilities_dispatch_concurrency_limit",
+            "Turns this worker may run at once (lowered while a handler reports overload)",
+            registry=r,
+        )
+        self.renew_lateness = Gauge(
+            "agent_utilities_dispatch_renew_lateness_max_seconds",
+            "Worst delay of a lease renewal past its due time since the worker started",
             registry=r,
         )
         self.dead_letters = Gauge("agent_utilities_dispatch_dead_letter", "Items in the dead-letter queue", registry=r)

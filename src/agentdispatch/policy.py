@@ -103,3 +103,55 @@ class Backpressure:
         if over <= 1.0:
             return 0.0
         return min(self.max_delay_s, (over - 1.0) * self.max_delay_s)
+
+
+@dataclass
+class ConcurrencyLimit:
+    """How many turns a worker runs at once, under backpressure from a model
+    gateway: halved when a handler reports overload (at most once per
+    ``cooldown_s``, so one burst of refusals counts once), raised by ``step``
+    per ``increase_every_s`` in which turns succeeded and none was refused,
+    up to ``ceiling`` (AIMD, as TCP does). Claims wait out the gateway's
+    retry-after. Pure: every method takes ``now`` (monotonic seconds)."""
+
+    ceiling: int
+    floor: int = 1
+    decrease: float = 0.5
+    cooldown_s: float = 1.0
+    increase_every_s: float = 1.0
+    step: int = 0  # 0: one percent of the ceiling, at least 1
+    limit: int = 0  # 0: start at the ceiling
+    _hold_until: float = 0.0
+    _quiet_since: float = 0.0
+    _cool_until: float = 0.0
+    _succeeded: bool = False
+
+    def __post_init__(self) -> None:
+        if self.ceiling < 1:
+            raise ValueError("the concurrency ceiling must be at least 1")
+        self.floor = max(1, min(self.floor, self.ceiling))
+        self.step = self.step or max(1, self.ceiling // 100)
+        self.limit = self.limit or self.ceiling
+
+    def overloaded(self, now: float, retry_after_s: float = 0.0) -> None:
+        """A handler reported overload: cut the limit, hold claims."""
+        if now >= self._cool_until:
+            self.limit = max(self.floor, int(self.limit * self.decrease))
+            self._cool_until = now + max(self.cooldown_s, retry_after_s)
+        self._hold_until = max(self._hold_until, now + retry_after_s)
+        self._quiet_since = now
+        self._succeeded = False
+
+    def succeeded(self, now: float) -> None:
+        """A turn finished without overload: raise the limit once per period."""
+        if not self._quiet_since:
+            self._quiet_since = now
+        self._succeeded = True
+        if self.limit < self.ceiling and now >= self._cool_until and now - self._quiet_since >= self.increase_every_s:
+            self.limit = min(self.ceiling, self.limit + self.step)
+            self._quiet_since = now
+            self._succeeded = False
+
+    def claim_delay(self, now: float) -> float:
+        """Seconds before the next claim (0: claim now)."""
+        return max(0.0, self._hold_until - now)

@@ -127,7 +127,9 @@ class Outcome:
     retryable: bool = True
     #: Send straight to the dead-letter queue with this reason (a human decides).
     dead_letter_reason: str | None = None
-    #: The visible reason of a non-retryable failure (default ``non_retryable``).
+    #: The item's visible reason: of a non-retryable failure (``non_retryable``
+    #: when unset), or of a retryable one sent back to ready (``retry`` when
+    #: unset; ``timeout``, ``overloaded``).
     reason: str | None = None
     #: A non-retryable outcome that ends the item as cancelled (a policy retired it).
     retired: bool = False
@@ -320,7 +322,7 @@ def commit(item: WorkItem, lease: Lease, outcome: Outcome, now: float, backoff_s
         return evolve(done, status=status, reason=outcome.reason or "non_retryable", completed_at=now)
     if item.attempt >= item.max_attempts:
         return evolve(done, status=Status.DEAD_LETTER, reason="max_attempts", completed_at=now)
-    return evolve(done, status=Status.READY, reason="retry", ready_at=now + backoff_s)
+    return evolve(done, status=Status.READY, reason=outcome.reason or "retry", ready_at=now + backoff_s)
 
 
 def expire_lease(item: WorkItem, now: float) -> WorkItem:

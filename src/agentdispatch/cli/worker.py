@@ -6,43 +6,79 @@ import logging
 import signal
 import sqlite3
 import sys
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 import click
 
 from ..errors import AgentDispatchError, TaskQueueUnavailable
-from ..worker import Worker, WorkerOptions
+from ..runtime import AsyncWorker, RuntimeOptions
 from .app import App
 from .usage import OneLineCommand
 
+CONCURRENCY = click.option(
+    "--concurrency",
+    "-c",
+    type=click.IntRange(1, 100_000),
+    default=None,
+    help="Turns in flight at most, on one event loop: async def handlers are awaited as tasks "
+    f"[default: {RuntimeOptions.concurrency}; with --workers N: N].",
+)
+THREADS = click.option(
+    "--threads",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="Threads running synchronous handlers (async def handlers need none) "
+    f"[default: {RuntimeOptions.threads}; with --workers N: N].",
+)
 WORKERS = click.option(
-    "--workers", "-w", type=click.IntRange(1, 256), default=1, show_default=True, help="Worker threads."
+    "--workers",
+    "-w",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="Kept for compatibility: --workers N means --concurrency N --threads N "
+    "(N turns at once, each sync handler on a thread of its own).",
 )
 APP = click.option("--app", "app_spec", default=None, help="Handlers as module:registry [env: AGENT_DISPATCH_APP].")
 GRACE = click.option(
-    "--grace", type=float, default=30.0, show_default=True, help="Seconds running turns get after SIGTERM."
+    "--grace",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds turns in flight get after SIGTERM; then they are cancelled and their leases released.",
 )
 METRICS = click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
 BATCH = click.option(
     "--batch",
-    type=click.IntRange(1, 256),
-    default=WorkerOptions.batch_max,
+    type=click.IntRange(1, 1024),
+    default=RuntimeOptions.claim_batch,
     show_default=True,
-    help="Turns a claim thread runs per commit at most, while turns are fast (1: a commit per turn).",
+    help="Turns claimed per statement at most when capacity frees up.",
 )
 
 
-def run_worker(
-    obj: App, workers: int, app_spec: str | None, grace: float, metrics_port: int | None, batch: int
-) -> None:
+def options_of(
+    concurrency: int | None, threads: int | None, workers: int | None, grace: float, batch: int
+) -> RuntimeOptions:
+    """The runtime options the flags ask for (``--workers`` as the alias it is)."""
+    defaults = RuntimeOptions()
+    return RuntimeOptions(
+        concurrency=concurrency or workers or defaults.concurrency,
+        threads=threads or workers or defaults.threads,
+        grace_s=grace,
+        claim_batch=batch,
+    )
+
+
+def run_worker(obj: App, options: RuntimeOptions, app_spec: str | None, metrics_port: int | None) -> None:
     """Preflight (exit 2 on failure), then run until SIGTERM/SIGINT."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     obj.app_spec = app_spec
     try:
         settings = obj.settings
         store, transport = obj.backends
-        options = WorkerOptions(threads=workers, grace_s=grace, batch_max=batch)
-        worker = Worker(settings, store, transport, obj.registry, options=options)
+        worker = AsyncWorker(settings, store, transport, obj.registry, options=options)
         worker.preflight()
     except TaskQueueUnavailable as exc:
         click.echo(
@@ -63,12 +99,14 @@ def run_worker(
         start_http_server(metrics_port, addr="127.0.0.1", registry=worker.metrics.registry)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        worker.stopping.set()
+        worker.request_stop()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     click.echo(
-        f"worker {worker.worker_id}: {workers} thread(s) on {transport.name}; kinds: {', '.join(obj.registry.kinds())}",
+        f"worker {worker.worker_id}: up to {options.concurrency} turn(s) in flight "
+        f"({options.threads} thread(s) for sync handlers) on {transport.name}; "
+        f"kinds: {', '.join(obj.registry.kinds())}",
         err=True,
     )
     clean = worker.run_forever()
@@ -76,37 +114,51 @@ def run_worker(
         # Exit non-zero so that a supervisor restarts the process.
         click.echo(f"worker {worker.worker_id}: stopped by an unrecoverable error: {worker.fatal!r}", err=True)
         sys.exit(3)
-    click.echo(f"worker {worker.worker_id}: stopped ({'clean' if clean else 'grace period ran out'})", err=True)
+    state = "clean" if clean else "grace period ran out; the turns left were released"
+    click.echo(f"worker {worker.worker_id}: stopped ({state})", err=True)
     sys.exit(0)
+
+
+def _flags(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for flag in reversed((CONCURRENCY, THREADS, WORKERS, APP, GRACE, METRICS, BATCH)):
+        fn = flag(fn)
+    return fn
 
 
 def register(main: click.Group) -> None:
     """Attach ``worker`` to ``main``."""
 
     @main.command()
-    @WORKERS
-    @APP
-    @GRACE
-    @METRICS
-    @BATCH
+    @_flags
     @click.pass_obj
     def worker(
-        obj: App, workers: int, app_spec: str | None, grace: float, metrics_port: int | None, batch: int
+        obj: App,
+        concurrency: int | None,
+        threads: int | None,
+        workers: int | None,
+        app_spec: str | None,
+        grace: float,
+        metrics_port: int | None,
+        batch: int,
     ) -> None:
-        """Run worker threads until SIGTERM/SIGINT."""
-        run_worker(obj, workers, app_spec, grace, metrics_port, batch)
+        """Run turns until SIGTERM/SIGINT: up to --concurrency at once in one process."""
+        run_worker(obj, options_of(concurrency, threads, workers, grace, batch), app_spec, metrics_port)
 
 
 @click.command(cls=OneLineCommand)
-@WORKERS
-@APP
-@GRACE
-@METRICS
-@BATCH
-def worker_main(workers: int, app_spec: str | None, grace: float, metrics_port: int | None, batch: int) -> None:
-    """agent-dispatch-worker: run worker threads until SIGTERM/SIGINT."""
+@_flags
+def worker_main(
+    concurrency: int | None,
+    threads: int | None,
+    workers: int | None,
+    app_spec: str | None,
+    grace: float,
+    metrics_port: int | None,
+    batch: int,
+) -> None:
+    """agent-dispatch-worker: run turns until SIGTERM/SIGINT, up to --concurrency at once."""
     try:
-        run_worker(App(), workers, app_spec, grace, metrics_port, batch)
+        run_worker(App(), options_of(concurrency, threads, workers, grace, batch), app_spec, metrics_port)
     except AgentDispatchError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)

@@ -146,6 +146,12 @@ class Store(Protocol):
     def renew(self, lease: Lease, ttl_s: float) -> Lease:
         """Extend a live lease; raises :class:`LeaseLost` when fenced."""
 
+    def renew_many(self, leases: Sequence[Lease], ttl_s: float) -> list[Lease | LeaseLost]:
+        """:meth:`renew` for each lease in one transaction (the items read in
+        one statement, written in one): a fenced one is answered with its
+        :class:`LeaseLost`. ``ttl_s=0`` gives the leases up at once (another
+        worker may claim the items now)."""
+
     def commit(self, lease: Lease, outcome: Outcome) -> WorkItem:
         """Fenced, durable commit of a handler outcome (releases dependants)."""
 

@@ -244,6 +244,18 @@ def renew(tx: Tx, lease: Lease, ttl_s: float) -> Lease:
     return wi.lease_of(item)
 
 
+def renew_many(tx: Tx, leases: Sequence[Lease], ttl_s: float) -> list[Lease | LeaseLost]:
+    """:func:`renew` for each lease (the items already read in one statement);
+    a fenced one is answered with its :class:`LeaseLost` and writes nothing."""
+    out: list[Lease | LeaseLost] = []
+    for lease in leases:
+        try:
+            out.append(renew(tx, lease, ttl_s))
+        except LeaseLost as exc:
+            out.append(exc)
+    return out
+
+
 def commit(tx: Tx, lease: Lease, outcome: Outcome, backoff_s: float | None = None) -> WorkItem:
     """The fenced commit; releases or cancels dependants atomically."""
     now = tx.now()

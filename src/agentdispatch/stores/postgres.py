@@ -220,6 +220,16 @@ class PostgresStore:
 
         return self._run(op, idempotent=True)
 
+    def renew_many(self, leases: Sequence[Lease], ttl_s: float) -> list[Lease | LeaseLost]:
+        if not leases:
+            return []
+
+        def op(tx: PostgresTx) -> list[Lease | LeaseLost]:
+            tx.read_items([lease.job_id for lease in leases])  # one round trip, rows locked
+            return engine.renew_many(tx, leases, ttl_s)  # the saves: one statement at flush
+
+        return self._run(op, idempotent=True)
+
     def commit(self, lease: Lease, outcome: Outcome) -> WorkItem:
         done = self.commit_many([(lease, outcome)])[0]
         if isinstance(done, LeaseLost):

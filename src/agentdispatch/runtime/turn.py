@@ -1,0 +1,102 @@
+"""One turn under its guard: the handler awaited as a task (or run in the
+worker's thread pool), its timeout, and how it ended."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from ..envelope import Envelope
+from ..errors import Overloaded
+from ..handlers import Handler, Registry, failure_outcome, turn_of, unknown_kind
+from ..lease import LeaseGuard, jsonable
+from ..transports.base import Delivery
+from ..workitem import Outcome, Status, WorkItem
+
+
+class TurnEnd(StrEnum):
+    """How a delivery ended, as counted by the turns metric."""
+
+    COMPLETED = "completed"
+    RETRIED = "retried"
+    DEAD_LETTER = "dead_letter"
+    FAILED = "failed"
+    FENCED = "fenced"  # the lease was lost: nothing committed
+    RELEASED = "released"  # given back at shutdown: nothing committed
+    POISON = "poison"
+    BUSY = "busy"
+    SKIPPED = "skipped"
+    EXPIRED = "expired"
+
+
+#: Where a commit left an item.
+BY_STATUS = {
+    Status.SUCCEEDED: TurnEnd.COMPLETED,
+    Status.READY: TurnEnd.RETRIED,
+    Status.DEAD_LETTER: TurnEnd.DEAD_LETTER,
+}
+
+
+@dataclass(eq=False)
+class Running:
+    """A claimed turn while its handler runs."""
+
+    delivery: Delivery
+    envelope: Envelope
+    item: WorkItem
+    guard: LeaseGuard
+    task: asyncio.Task[None] | None = None
+    #: The handler is running: the only time the worker cancels the task.
+    in_handler: bool = False
+    #: Why the worker cancelled the task (None: it did not).
+    stop: TurnEnd | None = None
+    outcome: Outcome | None = None
+    overload: Overloaded | None = field(default=None, repr=False)
+
+
+def is_async(fn: Any) -> bool:
+    """Whether calling ``fn`` returns a coroutine (``async def``, also behind
+    a partial or as a callable object's ``__call__``)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
+
+
+async def call_handler(fn: Handler, r: Running, pool: Executor) -> Any:
+    """The handler's result: awaited on the loop, or run in ``pool``."""
+    turn = turn_of(r.item)
+    if is_async(fn):
+        result = await fn(turn, r.guard)
+    else:
+        result = await asyncio.get_running_loop().run_in_executor(pool, fn, turn, r.guard)
+        if inspect.isawaitable(result):  # a plain function that returned a coroutine
+            result = await result
+    return result
+
+
+async def run_turn(registry: Registry, r: Running, pool: Executor, timeout_s: float | None) -> Outcome | None:
+    """Run the turn's handler: its outcome (a timeout fails it retryably with
+    reason ``timeout``), or None when nothing may be committed (the lease was
+    lost, or the worker cancelled the turn)."""
+    fn = registry.get(r.item.kind)
+    if fn is None:
+        return unknown_kind(r.item.kind)
+    try:
+        async with asyncio.timeout(timeout_s):
+            result = await call_handler(fn, r, pool)
+        return Outcome(ok=True, result=jsonable(result))
+    except TimeoutError:
+        # A sync handler's thread cannot be interrupted: refuse its effects.
+        r.guard.revoke(f"job {r.item.id}: timed out after {timeout_s:g} s")
+        return Outcome(ok=False, error=f"timeout: the turn ran past {timeout_s:g} s", reason="timeout")
+    except asyncio.CancelledError:
+        if r.stop is None:
+            raise  # not ours: the loop is going down
+        return None
+    except Overloaded as exc:
+        r.overload = exc
+        return Outcome(ok=False, error=str(exc), reason="overloaded")
+    except Exception as exc:
+        return failure_outcome(exc)

@@ -1,0 +1,340 @@
+"""The async worker: claim, run under guard, finish, with many turns in
+flight on one event loop.
+
+Three loops share the process: the claimer refills freed capacity (several
+turns a statement), each turn is a task that awaits its handler, and the
+finisher commits and acknowledges finished turns in groups. Store calls run on
+threads of their own (claims, commits, ledger writes, renewals), so the loop
+only waits for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from ..faults import Backoff, recoverable
+from ..fleet import host_label, new_worker_id
+from ..handlers import Registry
+from ..lease import LeaseGuard
+from ..metrics import Metrics
+from ..policy import ConcurrencyLimit
+from ..reconciler import Reconciler
+from ..settings import Settings
+from ..stores.base import Store, WorkerRow
+from ..transports.base import Transport
+from .options import RuntimeOptions
+from .renewer import BatchRenewer
+from .traffic import Claimed, Finished, Traffic
+from .turn import Running, TurnEnd, run_turn
+
+log = logging.getLogger("agentdispatch.runtime")
+T = TypeVar("T")
+
+#: Sessions listed in a heartbeat row at most (the fleet view needs a sample).
+HEARTBEAT_SESSIONS = 1000
+
+
+class AsyncWorker:
+    """One worker process running up to ``options.concurrency`` turns at once."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        transport: Transport,
+        registry: Registry,
+        *,
+        options: RuntimeOptions | None = None,
+        metrics: Metrics | None = None,
+        worker_id: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.transport = transport
+        self.registry = registry
+        self.options = options or RuntimeOptions()
+        self.metrics = metrics or Metrics()
+        self.worker_id = worker_id or new_worker_id()
+        self.clock = clock
+        self.limit = ConcurrencyLimit(ceiling=self.options.concurrency)
+        self.renewer = BatchRenewer(store, clock=clock)
+        self.traffic = Traffic(
+            store,
+            transport,
+            owner=f"{self.worker_id}:0",
+            ttl_s=settings.claim_ttl_s,
+            metrics=self.metrics,
+            count=self._count,
+        )
+        self.running: set[Running] = set()
+        #: The error that stopped the worker, if any (the process exits non-zero).
+        self.fatal: BaseException | None = None
+        #: Turns that ended, by how.
+        self.ended: dict[TurnEnd, int] = dict.fromkeys(TurnEnd, 0)
+        self._done: list[Finished] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = threading.Event()
+        self._claim_wake: asyncio.Event | None = None
+        self._finish_wake: asyncio.Event | None = None
+        self._started_at = time.time()
+
+    # -- lifecycle ------------------------------------------------------------
+    def preflight(self) -> None:
+        """Raise :class:`TaskQueueUnavailable` unless store and transport answer."""
+        self.store.ping()
+        self.transport.ping()
+
+    def request_stop(self) -> None:
+        """Stop claiming; turns in flight get the grace period (thread-safe,
+        signal-safe)."""
+        self._stopping.set()
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                loop.call_soon_threadsafe(self._kick)
+
+    @property
+    def stopping(self) -> bool:
+        """Whether a stop was requested."""
+        return self._stopping.is_set()
+
+    def run_forever(self) -> bool:
+        """Run until :meth:`request_stop`; True when every turn finished
+        within the grace period."""
+        return asyncio.run(self.run())
+
+    async def run(self) -> bool:
+        """:meth:`run_forever` on the running loop."""
+        self._loop = asyncio.get_running_loop()
+        self._claim_wake, self._finish_wake = asyncio.Event(), asyncio.Event()
+        opts = self.options
+        handlers = ThreadPoolExecutor(opts.threads, thread_name_prefix="handler")
+        self._io = ThreadPoolExecutor(opts.io_threads, thread_name_prefix="ledger")
+        # Claims and commits take turns on one thread: run side by side they
+        # lock queue, fairness and item rows in opposite orders (PostgreSQL
+        # deadlocks); on SQLite they queue for the one writer anyway.
+        self._claims = self._commits = ThreadPoolExecutor(1, thread_name_prefix="traffic")
+        self.renewer.start()
+        reconciler = (
+            Reconciler(self.store, self.transport, self.settings.claim_ttl_s).start() if opts.reconcile else None
+        )
+        await self._off(self._io, self._beat)
+        side = [asyncio.create_task(self._finisher()), asyncio.create_task(self._heartbeats())]
+        try:
+            await self._claimer(handlers)
+            clean = await self._drain()
+        finally:
+            self._stopping.set()
+            self._kick()
+            with contextlib.suppress(Exception):
+                await asyncio.gather(*side)
+            self.renewer.close()
+            if reconciler is not None:
+                reconciler.stop()
+            handlers.shutdown(wait=False, cancel_futures=True)  # a sync handler past the grace is abandoned
+            for ex in (self._io, self._claims):
+                ex.shutdown(wait=True)
+            with contextlib.suppress(Exception):  # best effort: the row ages out anyway
+                self.store.remove_worker(self.worker_id)
+        return clean
+
+    async def _off(self, executor: Executor, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+    def _kick(self) -> None:
+        """Something changed (a turn ended, a stop): wake the claimer and the finisher."""
+        for event in (self._claim_wake, self._finish_wake):
+            if event is not None:
+                event.set()
+
+    @staticmethod
+    async def _nap(event: asyncio.Event | None, seconds: float) -> None:
+        """Sleep until ``seconds`` pass or ``event`` is set."""
+        assert event is not None
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout=seconds)
+        event.clear()
+
+    # -- claim ------------------------------------------------------------------
+    async def _claimer(self, handlers: Executor) -> None:
+        backoff = Backoff()
+        while not self.stopping:
+            self.metrics.concurrency_limit.set(self.limit.limit)
+            delay = self.limit.claim_delay(self.clock())
+            free = self.limit.limit - len(self.running)
+            if delay > 0 or free <= 0:
+                await self._nap(self._claim_wake, delay if delay > 0 else 1.0)
+                continue
+            try:
+                claimed, dry = await self._off(self._claims, self.traffic.claim, min(free, self.options.claim_batch))
+            except Exception as exc:
+                if not recoverable(exc):
+                    self._fail(exc)
+                    return
+                self.metrics.worker_errors.labels(error=type(exc).__name__).inc()
+                log.warning("claiming failed, retrying: %s", exc)
+                await self._nap(self._claim_wake, backoff.failed())
+                continue
+            backoff.reset()
+            for c in claimed:
+                self._start(c, handlers)
+            if dry and not self.stopping:
+                await self._off(self._claims, self.transport.wait, self.options.get_wait_s)
+
+    def _start(self, c: Claimed, handlers: Executor) -> None:
+        item, lease = c.claim.item, c.claim.lease
+        assert item is not None and lease is not None
+        guard = LeaseGuard(
+            self.store, lease, ttl_s=self.settings.claim_ttl_s, renew_interval_s=self.settings.renew_interval_s
+        )
+        guard.io = self._io
+        r = Running(c.delivery, c.envelope, item, guard)
+        loop = asyncio.get_running_loop()
+
+        def lost(reason: str) -> None:
+            # A refused renewal (cancelled, lease lost, deadline) cancels the task.
+            with contextlib.suppress(RuntimeError):  # the loop closed: nothing runs any more
+                loop.call_soon_threadsafe(self._cancel, r, TurnEnd.FENCED)
+
+        guard.on_lost = lost
+        self.metrics.time_in_queue.observe(max(0.0, time.time() - c.envelope.enqueued_at))
+        self.metrics.attempts.observe(item.attempt)
+        self.running.add(r)
+        self.metrics.in_flight.set(len(self.running))
+        self.renewer.add(guard)
+        r.task = asyncio.create_task(self._turn(r, handlers), name=f"turn-{item.id}")
+
+    def _cancel(self, r: Running, why: TurnEnd) -> None:
+        # Only while the handler runs: a cancel must never hit the turn's commit.
+        if r.in_handler and r.stop is None and r.task is not None:
+            r.stop = why
+            r.task.cancel()
+
+    # -- run --------------------------------------------------------------------
+    def _timeout_of(self, r: Running) -> float | None:
+        return self.registry.timeout_of(r.item.kind)
+
+    async def _turn(self, r: Running, handlers: Executor) -> None:
+        r.in_handler = True
+        try:
+            outcome = await run_turn(self.registry, r, handlers, self._timeout_of(r))
+        finally:
+            r.in_handler = False
+            self.renewer.remove(r.guard)
+            self.running.discard(r)
+            self.metrics.in_flight.set(len(self.running))
+        now = self.clock()
+        if r.overload is not None:
+            self.limit.overloaded(now, r.overload.retry_after_s)
+        elif outcome is not None and outcome.ok:
+            self.limit.succeeded(now)
+        if outcome is None or r.stop is not None:
+            # Nothing to commit: give the delivery back (and, at shutdown, the lease).
+            why = r.stop or TurnEnd.FENCED
+            leases = [r.guard.lease] if why is TurnEnd.RELEASED else []
+            await self._off(self._io, self.traffic.give_back, [r.delivery], leases)
+            self._count(why)
+            if why is TurnEnd.FENCED:
+                self.metrics.lease_failures.inc()
+        else:
+            self._done.append(Finished(r.delivery, r.guard.lease, outcome))
+        self._kick()
+
+    # -- finish -----------------------------------------------------------------
+    async def _finisher(self) -> None:
+        """Commit finished turns in groups: whatever finished while the last
+        group was being written goes in the next one."""
+        backoff = Backoff()
+        while True:
+            if not self._done:
+                if self.stopping and not self.running:
+                    return
+                await self._nap(self._finish_wake, 0.5)
+                continue
+            batch, self._done = self._done[: self.options.commit_batch], self._done[self.options.commit_batch :]
+            try:
+                ends = await self._off(self._commits, self.traffic.finish, batch)
+            except Exception as exc:
+                self._done[:0] = batch  # committed again after the back-off (fenced, if a lease lapsed)
+                if not recoverable(exc):
+                    self._fail(exc)
+                    return
+                self.metrics.worker_errors.labels(error=type(exc).__name__).inc()
+                log.warning("committing %d turn(s) failed, retrying: %s", len(batch), exc)
+                await asyncio.sleep(backoff.failed())
+                continue
+            backoff.reset()
+            for end in ends:
+                self._count(end)
+                if end is TurnEnd.FENCED:
+                    self.metrics.lease_failures.inc()
+
+    # -- stop -------------------------------------------------------------------
+    async def _drain(self) -> bool:
+        """Wait up to the grace period for turns in flight, then cancel the
+        rest and release their leases at once. True when none was left."""
+        tasks = [r.task for r in self.running if r.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.options.grace_s)
+        left = list(self.running)
+        for r in left:
+            r.guard.revoke("the worker is stopping")  # no side effect starts from here on
+            self._cancel(r, TurnEnd.RELEASED)
+        rest = [r.task for r in left if r.task is not None]
+        if rest:
+            await asyncio.wait(rest)
+        return not left
+
+    def _fail(self, exc: BaseException) -> None:
+        """An error no retry mends: stop; the process exits non-zero."""
+        log.critical("unrecoverable error, the worker stops", exc_info=exc)
+        if self.fatal is None:
+            self.fatal = exc
+        self.request_stop()
+
+    def _count(self, end: TurnEnd) -> None:
+        self.ended[end] += 1
+        self.metrics.turns.labels(outcome=end.value).inc()
+
+    # -- heartbeat ----------------------------------------------------------------
+    def _beat(self) -> None:
+        sessions = sorted({r.item.session_id for r in list(self.running)})[:HEARTBEAT_SESSIONS]
+        try:
+            self.store.heartbeat(
+                WorkerRow(
+                    worker_id=self.worker_id,
+                    host=host_label(),
+                    capacity=self.options.concurrency,
+                    active_sessions=tuple(sessions),
+                    queue_backend=self.transport.name,
+                    started_at=self._started_at,
+                )
+            )
+            self.metrics.queue_depth.labels(backend=self.transport.name).set(self.transport.depth())
+        except Exception as exc:
+            if not recoverable(exc):
+                raise
+            log.warning("heartbeat failed: %s", exc)
+
+    async def _heartbeats(self) -> None:
+        while not self.stopping:
+            await self._nap_stop(self.options.heartbeat_s)
+            if not self.stopping:
+                try:
+                    await self._off(self._io, self._beat)
+                except Exception as exc:
+                    self._fail(exc)
+                    return
+
+    async def _nap_stop(self, seconds: float) -> None:
+        end = self.clock() + seconds
+        while not self.stopping and (left := end - self.clock()) > 0:
+            await asyncio.sleep(min(left, 0.5))

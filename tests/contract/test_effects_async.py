@@ -1,0 +1,100 @@
+"""Contract: ``guard.side_effect_async`` keeps the same at-most-once ledger
+as ``side_effect`` (replay after a crash, unknown when interrupted, verify,
+the fence), on every store."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentdispatch import NOT_HAPPENED, EffectUnknown, LeaseGuard, LeaseLost, Submission
+from agentdispatch.lease import Fence
+from agentdispatch.stores.base import ClaimKind
+
+
+def _attempt(harness, job_id: str) -> LeaseGuard:
+    claim = harness.store.claim(job_id, "t", owner="w:1", ttl_s=30)
+    assert claim.kind is ClaimKind.CLAIMED and claim.lease is not None
+    return LeaseGuard(harness.store, claim.lease, ttl_s=30, renew_interval_s=10)
+
+
+def _crash(harness, guard: LeaseGuard) -> None:
+    """The attempt's process died: its lease is given up (as if it expired)."""
+    harness.store.renew_many([guard.lease], 0)
+
+
+def _ledger(harness, job_id: str) -> list[tuple[str, str]]:
+    return [(e["key"], e["state"]) for e in harness.store.history(job_id, "t")["side_effects"]]
+
+
+def test_a_recorded_effect_is_replayed_not_rerun_after_a_crash(harness):
+    job = harness.dispatcher().submit(Submission(kind="echo", tenant="t"))
+    runs: list[Fence] = []
+
+    async def send(fence: Fence) -> dict[str, int]:
+        runs.append(fence)
+        return {"msg": 7}
+
+    first = _attempt(harness, job.job_id)
+    assert asyncio.run(first.side_effect_async("send", send)) == {"msg": 7}
+    assert runs == [Fence(job.job_id, first.lease.epoch, first.lease.token)]
+    _crash(harness, first)
+    second = _attempt(harness, job.job_id)
+    assert asyncio.run(second.side_effect_async("send", send)) == {"msg": 7}
+    assert len(runs) == 1 and _ledger(harness, job.job_id) == [("send", "committed")]
+
+
+def test_an_effect_cancelled_mid_await_is_unknown_and_verify_settles_it(harness):
+    job = harness.dispatcher().submit(Submission(kind="echo", tenant="t"))
+    first = _attempt(harness, job.job_id)
+
+    async def cancelled_during_send() -> None:
+        async def send() -> None:
+            await asyncio.sleep(3600)
+
+        task = asyncio.create_task(first.side_effect_async("send", send))
+        while _ledger(harness, job.job_id) != [("send", "intended")]:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled_during_send())
+    assert _ledger(harness, job.job_id) == [("send", "unknown")]
+    _crash(harness, first)
+    second = _attempt(harness, job.job_id)
+
+    async def never() -> str:
+        raise AssertionError("must not run")
+
+    with pytest.raises(EffectUnknown):
+        asyncio.run(second.side_effect_async("send", never))
+
+    async def not_there() -> object:
+        return NOT_HAPPENED
+
+    async def send_again() -> str:
+        return "sent"
+
+    assert asyncio.run(second.side_effect_async("send", send_again, verify=not_there)) == "sent"
+    assert _ledger(harness, job.job_id) == [("send", "committed")]
+
+
+def test_no_effect_starts_once_the_guard_is_revoked_or_fenced(harness):
+    job = harness.dispatcher().submit(Submission(kind="echo", tenant="t"))
+    guard = _attempt(harness, job.job_id)
+    ran: list[int] = []
+
+    async def send() -> None:
+        ran.append(1)
+
+    guard.revoke("the worker is stopping")
+    with pytest.raises(LeaseLost):
+        asyncio.run(guard.side_effect_async("a", send))
+    harness.store.cancel(job.job_id, "t")
+    fresh = LeaseGuard(harness.store, guard.lease, ttl_s=30, renew_interval_s=10)
+    with pytest.raises(LeaseLost):
+        asyncio.run(fresh.side_effect_async("b", send))
+    assert ran == [] and _ledger(harness, job.job_id) == []

@@ -1,0 +1,59 @@
+"""SIGTERM with async turns in flight: the worker stops claiming, waits the
+grace period, cancels what is left and releases those leases at once, so
+another worker finishes them without waiting out the TTL; nothing is
+committed falsely."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from agentdispatch import Status, Submission
+from backends import sqlite_harness
+from contract.helpers import wait_until
+
+APPS = Path(__file__).parent.parent / "apps"
+
+
+def _worker(env: dict[str, str], *extra: str) -> subprocess.Popen[bytes]:
+    full = {**os.environ, **env, "PYTHONPATH": f"{APPS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [sys.executable, "-m", "agentdispatch", "worker", "--concurrency", "50", "--app", "runtime_app:registry"]
+    return subprocess.Popen([*cmd, *extra], env=full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _lines(sink: Path, word: str) -> list[str]:
+    return [ln.split()[1] for f in sink.glob("*.log") for ln in f.read_text().splitlines() if ln.startswith(word)]
+
+
+def test_sigterm_releases_turns_in_flight_to_another_worker(tmp_path: Path) -> None:
+    # A TTL far beyond the test's patience: only a release lets the second worker in.
+    h = sqlite_harness(tmp_path, claim_ttl_s=280.0, renew_interval_s=5.0)
+    sink = tmp_path / "sink"
+    sink.mkdir()
+    env = {**h.env, "AGENT_DISPATCH_CLAIM_TTL_S": "280", "RUNTIME_SINK_DIR": str(sink)}
+    try:
+        d = h.dispatcher()
+        jobs = [d.submit(Submission(kind="think", tenant="t")).job_id for _ in range(20)]
+        first = _worker(env, "--grace", "1")
+        wait_until(lambda: len(_lines(sink, "start")) == len(jobs), timeout=60)
+        first.send_signal(signal.SIGTERM)
+        _, err = first.communicate(timeout=60)
+        assert first.returncode == 0, err.decode()
+        assert b"released" in err
+        for job in jobs:  # nothing committed: every turn is still to do
+            item = h.store.get(job, "t")
+            assert item.status in (Status.RUNNING, Status.READY) and item.result is None
+        assert _lines(sink, "effect") == []
+
+        second = _worker({**env, "RUNTIME_APP_FAST": "1"}, "--grace", "5")
+        try:
+            wait_until(lambda: all(h.store.get(j, "t").status is Status.SUCCEEDED for j in jobs), timeout=120)
+        finally:
+            second.send_signal(signal.SIGTERM)
+            second.communicate(timeout=60)
+        assert sorted(_lines(sink, "effect")) == sorted(jobs)  # each effect once
+    finally:
+        h.close()

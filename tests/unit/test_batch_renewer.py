@@ -1,0 +1,65 @@
+"""The batch renewer: one store call renews many leases; a refused one
+revokes its guard and tells the runtime (which cancels the turn)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+
+from agentdispatch import LeaseLost
+from agentdispatch.lease import LeaseGuard
+from agentdispatch.runtime.renewer import BatchRenewer
+from agentdispatch.workitem import Lease
+
+
+class _Store:
+    def __init__(self, refuse: set[str]) -> None:
+        self.calls: list[list[str]] = []
+        self.refuse = refuse
+        self.called = threading.Event()
+
+    def renew_many(self, leases: list[Lease], ttl_s: float) -> list[Lease | LeaseLost]:
+        self.calls.append([lease.job_id for lease in leases])
+        self.called.set()
+        return [
+            LeaseLost(f"{lease.job_id} fenced") if lease.job_id in self.refuse else replace(lease, expires_at=99.0)
+            for lease in leases
+        ]
+
+
+def _guard(store: object, job: str) -> LeaseGuard:
+    lease = Lease(job_id=job, tenant="t", owner="w:0", epoch=1, token="x", expires_at=1.0)
+    return LeaseGuard(store, lease, ttl_s=3.0, renew_interval_s=1.0)  # type: ignore[arg-type]
+
+
+def test_one_call_renews_every_guard_and_refusals_revoke():
+    store = _Store(refuse={"j3"})
+    guards = [_guard(store, f"j{i}") for i in range(6)]
+    told: list[str] = []
+    guards[3].on_lost = told.append
+    BatchRenewer(store).renew(guards)  # type: ignore[arg-type]
+    assert store.calls == [[f"j{i}" for i in range(6)]]
+    assert guards[3].lost and told == ["j3 fenced"]
+    assert all(g.lease.expires_at == 99.0 for i, g in enumerate(guards) if i != 3)
+
+
+def test_the_thread_renews_due_guards_together():
+    store = _Store(refuse=set())
+    now = [0.0]
+    renewer = BatchRenewer(store, clock=lambda: now[0]).start()  # type: ignore[arg-type]
+    try:
+        guards = [_guard(store, f"j{i}") for i in range(50)]
+        for i, g in enumerate(guards):
+            now[0] = i * 0.001  # added over a short span, as a claim batch is
+            renewer.add(g)
+        now[0] = 1.2  # every guard is due (or due within half a period)
+        with renewer._cv:
+            renewer._cv.notify()
+        assert store.called.wait(10)
+        deadline = time.monotonic() + 10
+        while sum(map(len, store.calls)) < 50 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert store.calls and len(store.calls[0]) == 50, store.calls
+    finally:
+        renewer.close()
