@@ -16,6 +16,7 @@
      +-- LeaseLost                fenced: stale epoch/token, expiry or cancel
      +-- EffectUnknown            a side effect may have run; a human decides
      +-- NonRetryableError        raised by a handler: fail without retrying
+     |    +-- Retired             raised by a handler: end cancelled with a reason
      +-- Overloaded               raised by a handler: the model gateway is overloaded
 """
 
