@@ -111,6 +111,7 @@ BEGIN_ASYNC = "BEGIN; SET LOCAL synchronous_commit = off"
 BEGIN_DURABLE = "BEGIN; SET LOCAL synchronous_commit = on"
 SYNC_COMMIT = "SET LOCAL synchronous_commit = on"
 NOW_SQL = "SELECT extract(epoch FROM clock_timestamp())::float8 AS now"
+FLUSH_WAL = "BEGIN; SET LOCAL synchronous_commit = on; SELECT pg_current_xact_id(); COMMIT"
 
 
 def describe(exc: BaseException) -> str:
@@ -350,6 +351,13 @@ class PgDb:
                 self._check()
             except psycopg.Error as exc:
                 raise self._unavailable(exc, "transaction") from None
+
+    def flush_wal(self) -> None:
+        """Return once every commit made before this call is on disk: a
+        transaction with an id commits durably, and WAL is flushed in order.
+        A transaction that committed asynchronously (``durable=False``) is
+        durable after this."""
+        self.run(lambda conn: conn.execute(FLUSH_WAL), single=True)
 
     def now(self) -> float:
         """Database time, seconds since the epoch."""
