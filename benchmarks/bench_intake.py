@@ -118,12 +118,14 @@ def run(name: str, env: dict[str, str], rate: float, seconds: float, threads: in
             cli(data, "migrate", **env)
         install_all(data, **env)
         worker = _busy_workers(data, env, threads)
-        gw = gateway(data, **env)
         try:
-            time.sleep(2.0)  # let the worker claim its sleep turns
-            lat, codes = asyncio.run(_load(gw.url, rate, seconds))
+            gw = gateway(data, **env)
+            try:
+                time.sleep(2.0)  # let the worker claim its sleep turns
+                lat, codes = asyncio.run(_load(gw.url, rate, seconds))
+            finally:
+                gw.stop()
         finally:
-            gw.stop()
             worker.terminate()
             worker.wait(timeout=60)
     p99 = _pct(lat, 0.99)
