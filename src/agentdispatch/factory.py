@@ -27,6 +27,9 @@ def open_store(settings: Settings, *, migrate: bool | None = None) -> Store:
     store: Store
     if settings.state_db_uri:
         cls = _load("stores.postgres", "PostgresStore", "postgres")
+        # One connection first: an unreachable or missing database is one
+        # line with its cause now, not pool retries and a timeout later.
+        _load("stores.pg_db", "probe", "postgres")(settings.state_db_uri)
         store = cls(
             settings.state_db_uri,
             extra_attempts=settings.max_attempts,

@@ -76,6 +76,16 @@ class Settings(BaseSettings):
             return value or None
         return value
 
+    @field_validator("state_db_uri", mode="before")
+    @classmethod
+    def _postgres_uri(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip() or None
+            if value is not None and not value.startswith(("postgresql://", "postgres://")):
+                scheme = value.split("://", 1)[0] + "://" if "://" in value else "no scheme"
+                raise ValueError(f"STATE_DB_URI must be a postgresql:// URI (got {scheme})")
+        return value
+
     @model_validator(mode="after")
     def _cross_checks(self) -> Settings:
         if self.claim_ttl_s > LEASE_RTO_S:

@@ -1,10 +1,15 @@
-"""An explicitly chosen backend that cannot be reached stops the worker with
-exit code 2 and one clear line that echoes no endpoint and no credential."""
+"""An explicitly chosen backend that cannot be reached stops the worker (or
+a CLI command) with exit code 2 and one clear line that names the setting and
+the cause and echoes no endpoint and no credential; a STATE_DB_URI that is not
+a PostgreSQL URI is a settings error."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,3 +37,47 @@ def test_worker_preflight_fails_loudly_without_echoing_endpoints(
     assert names in out
     assert "Traceback" not in out
     assert "127.0.0.1:1" not in out and SECRET not in out and "admin" not in out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _missing_database() -> str:
+    base = os.environ.get("AGENTDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+    return base.rsplit("/", 1)[0] + "/agentdispatch_no_such_database_" + uuid.uuid4().hex[:8]
+
+
+@pytest.mark.parametrize(
+    ("uri", "line", "code"),
+    [
+        (
+            lambda: f"postgresql://admin:{SECRET}@127.0.0.1:{_free_port()}/nowhere",
+            "error: cannot connect to PostgreSQL at STATE_DB_URI: connection refused",
+            2,
+        ),
+        (_missing_database, "error: cannot connect to PostgreSQL at STATE_DB_URI: no such database", 2),
+        (lambda: f"mysql://admin:{SECRET}@127.0.0.1/db", "error: STATE_DB_URI must be a postgresql:// URI", 1),
+    ],
+    ids=["refused", "no-database", "bad-scheme"],
+)
+@pytest.mark.parametrize("command", [["jobs"], ["migrate"]])
+def test_cli_names_the_setting_and_the_cause_in_one_line(
+    tmp_path: Path, uri: Callable[[], str], line: str, code: int, command: list[str]
+) -> None:
+    """Before: 20-30 s of retries, about ten pool warnings, then a timeout or
+    a wrong "no schema; run migrate". Now one line with the real cause."""
+    env = {**os.environ, "AGENT_DISPATCH_DATA_DIR": str(tmp_path), "STATE_DB_URI": uri()}
+    env.pop("TASK_QUEUE_BACKEND", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentdispatch", *command], env=env, capture_output=True, text=True, timeout=120
+    )
+    out = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == code, out
+    assert out.splitlines() == [out] and out.startswith(line), out  # one line, no pool warnings
+    assert "pool" not in out.lower() and "schema" not in out
+    assert SECRET not in out and "admin" not in out

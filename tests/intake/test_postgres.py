@@ -1,18 +1,35 @@
-"""The request path on PostgreSQL: concurrent copies of one delivery, and a
-store that stalls past the commit timeout (503, nothing written, retry admitted)."""
+"""The request path on PostgreSQL: concurrent copies of one delivery, a
+store that stalls past the commit timeout (503, nothing written, retry
+admitted), and an intake near the backlog bound that waits for no other."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
 
+from agentdispatch.gateway.intake.admit import BACKLOG_PER_AGENT
+from agentdispatch.gateway.intake.store import _dialect
 from backends import fresh_pg_database
 from e2e.gatewayproc import Gateway
-from intake.kit import APP, TG_BOT, cli, gateway, install_all, post_slack, post_tg, slack_event, tg_update
+from intake.kit import (
+    APP,
+    TG_BOT,
+    cli,
+    env_for,
+    gateway,
+    install_all,
+    post_slack,
+    post_tg,
+    slack_event,
+    tg_update,
+)
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +100,57 @@ def test_stalled_store_is_503_then_retry_admitted(pg_gateway: tuple[Gateway, str
     assert _count(uri, "SELECT count(*) FROM intake_receipts WHERE source_id = %s", source) == 1
     assert _count(uri, "SELECT count(*) FROM work_items w JOIN intake_receipts r ON r.job_id = w.id "
                        "WHERE r.source_id = %s", source) == 1  # fmt: skip
+
+
+def test_intake_near_the_backlog_bound_does_not_wait_for_another_intake(tmp_path: Path) -> None:
+    """Near the 256-item bound, an intake used to take every backlog token and
+    hold them through its commit, so the next webhook waited for it (past the
+    commit timeout: 503). Here another intake's transaction is held open right
+    after its backlog step, with a real worker busy on long turns: the webhook
+    must still be recorded and answered while that transaction stays open."""
+    cleanup: list[Callable[[], None]] = []
+    uri = fresh_pg_database(cleanup)
+    env = {"STATE_DB_URI": uri, "TASK_QUEUE_BACKEND": "postgres"}
+    data = tmp_path / "data"
+    worker: subprocess.Popen[bytes] | None = None
+    gw: Gateway | None = None
+    try:
+        cli(data, "migrate", **env)
+        install_all(data, **env)
+        for i in range(2):
+            cli(data, "submit", "sleep", "--payload", '{"seconds": 120}', "--session", f"busy{i}", **env)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "agentdispatch", "worker", "--workers", "1"],
+            env=env_for(data, env),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        with psycopg.connect(uri, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO work_items (id, tenant, session_id, session_ref, kind, agent_name, payload, status,"
+                " max_attempts, created_at, ready_at, updated_at)"
+                " SELECT 'fill-' || g, 'acme', 's' || g, 'r' || g, 'intake_turn', 'helper', '{}', 'ready', 5, 0, 0, 0"
+                " FROM generate_series(1, 240) g"
+            )
+        gw = gateway(data, AGENT_DISPATCH_INTAKE_COMMIT_TIMEOUT_S="5", **env)
+        with gw.client() as c:
+            assert post_tg(c, tg_update(4241)).status_code == 200  # the agent's first intake
+        with psycopg.connect(uri) as other:
+            # What a concurrent intake of the same agent runs first, 16 below the bound.
+            params = {"agent": "helper", "bound": BACKLOG_PER_AGENT, "job": "intake-in-flight"}
+            other.execute(_dialect("postgres")["backlog_admit"], params)
+            with gw.client() as c:
+                r = post_tg(c, tg_update(4242))
+            assert other.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS  # still open
+            assert r.status_code == 200, gw.log()[-2000:]
+            state = "SELECT count(*) FROM intake_receipts WHERE source_id = %s AND state = 'accepted'"
+            assert _count(uri, state, f"{TG_BOT}:4242") == 1
+            other.rollback()
+    finally:
+        if gw is not None:
+            gw.stop()
+        if worker is not None:
+            worker.terminate()
+            worker.wait(timeout=60)
+        for fn in cleanup:
+            fn()

@@ -164,7 +164,7 @@ def test_intake_backlog_bound_holds_under_16_concurrent_connections(schema: tupl
 
     def attempt(conn: psycopg.Connection[tuple[object, ...]], k: int, i: int) -> bool:
         with conn.transaction():
-            row = conn.execute("SELECT dispatch_intake_backlog('helper', %s)", (bound,)).fetchone()
+            row = conn.execute("SELECT dispatch_intake_backlog('helper', %s, %s)", (bound, f"i-{k}-{i}")).fetchone()
             assert row is not None
             if int(row[0]) >= bound:
                 return False

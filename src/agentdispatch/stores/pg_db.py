@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.abc import Params, Query
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
@@ -111,6 +112,7 @@ BEGIN_ASYNC = "BEGIN; SET LOCAL synchronous_commit = off"
 BEGIN_DURABLE = "BEGIN; SET LOCAL synchronous_commit = on"
 SYNC_COMMIT = "SET LOCAL synchronous_commit = on"
 NOW_SQL = "SELECT extract(epoch FROM clock_timestamp())::float8 AS now"
+FLUSH_WAL = "BEGIN; SET LOCAL synchronous_commit = on; SELECT pg_current_xact_id(); COMMIT"
 
 
 def describe(exc: BaseException) -> str:
@@ -135,6 +137,50 @@ def _quiet_pool_logs() -> None:
     logger = logging.getLogger("psycopg.pool")
     if not any(isinstance(f, _QuietPool) for f in logger.filters):
         logger.addFilter(_QuietPool())
+
+
+#: Seconds the start-up probe waits for a connection when the URI sets no connect_timeout.
+PROBE_TIMEOUT_S = 5
+
+#: Known causes of a failed connection, by the libpq message; never echoes
+#: the host, port, user or database name.
+_CAUSES = (
+    ("Connection refused", "connection refused (is PostgreSQL running and listening there?)"),
+    ("password authentication failed", "authentication failed"),
+    ("no password supplied", "authentication failed (no password supplied)"),
+    ("pg_hba.conf", "authentication failed (no pg_hba.conf entry for this client)"),
+    ("role", "authentication failed (no such role)"),
+    ("database", "no such database (create it, then run `agentdispatch migrate`)"),
+    ("resolve host", "host name not found"),
+    ("translate host name", "host name not found"),
+    ("timeout expired", "connection timed out"),
+    ("timed out", "connection timed out"),
+)
+
+
+def connection_cause(exc: BaseException) -> str:
+    """Why a connection failed, in a few credential-free words."""
+    text = str(exc)
+    for needle, cause in _CAUSES:
+        if needle in text and (needle not in ("role", "database") or "does not exist" in text):
+            return cause
+    return describe(exc)
+
+
+def probe(uri: str) -> None:
+    """Open and close one connection, so an unreachable or missing database is
+    reported at once with its cause (the pool would retry in the background
+    and answer a timeout after many seconds)."""
+    try:
+        conninfo = uri
+        if "connect_timeout" not in conninfo_to_dict(uri):
+            conninfo = make_conninfo(uri, connect_timeout=PROBE_TIMEOUT_S)
+    except psycopg.ProgrammingError:
+        raise TaskQueueUnavailable("STATE_DB_URI is not a valid PostgreSQL connection URI") from None
+    try:
+        psycopg.connect(conninfo).close()
+    except psycopg.Error as exc:
+        raise TaskQueueUnavailable(f"cannot connect to PostgreSQL at STATE_DB_URI: {connection_cause(exc)}") from None
 
 
 class PgDb:
@@ -350,6 +396,13 @@ class PgDb:
                 self._check()
             except psycopg.Error as exc:
                 raise self._unavailable(exc, "transaction") from None
+
+    def flush_wal(self) -> None:
+        """Return once every commit made before this call is on disk: a
+        transaction with an id commits durably, and WAL is flushed in order.
+        A transaction that committed asynchronously (``durable=False``) is
+        durable after this."""
+        self.run(lambda conn: conn.execute(FLUSH_WAL), single=True)
 
     def now(self) -> float:
         """Database time, seconds since the epoch."""

@@ -63,7 +63,9 @@ class PostgresStore:
         if self._ref_key is None:
             try:
                 value = self.db.read(lambda c: scalar(c, Q["meta_get"], {"key": "ref_key"}))
-            except TaskQueueUnavailable:
+            except TaskQueueUnavailable as exc:
+                if "UndefinedTable" not in str(exc):
+                    raise  # the database is unreachable, not unmigrated
                 value = None
             if value is None:
                 raise TaskQueueUnavailable("the PostgreSQL store has no schema; run `agentdispatch migrate`")

@@ -106,7 +106,7 @@ def _admit(
     agent = _agent(sql, inc.installation, inc.envelope)
     if state == "accepted":
         if sql.dialect == "postgres":
-            queued = sql.count("backlog_admit", agent=agent, bound=backlog)
+            queued = sql.count("backlog_admit", agent=agent, bound=backlog, job=job_id_of(inc.connector, inc.source_id))
         else:
             queued = sql.count("backlog", agent=agent)
         if queued >= backlog:

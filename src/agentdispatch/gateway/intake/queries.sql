@@ -155,8 +155,8 @@ SELECT state, count(*) AS n FROM intake_receipts GROUP BY state ORDER BY state
 
 -- name: backlog_admit
 -- PostgreSQL only: the backlog count to compare with the bound, exact under
--- concurrent intakes without one lock per agent (dispatch_intake_backlog).
-SELECT dispatch_intake_backlog(:agent, :bound) AS n
+-- concurrent intakes without a wait (dispatch_intake_backlog takes a slot for :job).
+SELECT dispatch_intake_backlog(:agent, :bound, :job) AS n
 
 -- name: agent_lock
 -- PostgreSQL only: serialise the backlog count of one agent.
