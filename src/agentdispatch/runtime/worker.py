@@ -183,7 +183,8 @@ class AsyncWorker:
                 log.warning("claiming failed, retrying: %s", exc)
                 await self._nap(self._claim_wake, backoff.failed())
                 continue
-            backoff.reset()
+            if backoff.failures:
+                log.info("claiming resumed after %d failed attempt(s)", backoff.reset())
             for c in claimed:
                 self._start(c, handlers)
             if dry and not self.stopping:
