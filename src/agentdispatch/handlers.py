@@ -35,6 +35,8 @@ class Turn:
     attempt: int
     agent_name: str = ""
     deadline_unix: float | None = None
+    #: What an earlier attempt saved with ``guard.checkpoint`` (None: start afresh).
+    checkpoint: Any = None
 
 
 Handler = Callable[[Turn, "LeaseGuard"], Any]
@@ -100,6 +102,7 @@ def outcome_of(
         attempt=item.attempt,
         agent_name=item.agent_name,
         deadline_unix=item.deadline_unix,
+        checkpoint=item.checkpoint,
     )
     try:
         return Outcome(ok=True, result=jsonable(run_handler(fn, turn, guard, loop)))

@@ -19,7 +19,7 @@ EXPECTED: dict[str, list[str]] = {
         "seq", "id", "tenant", "session_id", "session_ref", "kind", "agent_name", "payload", "priority",
         "status", "reason", "attempts", "max_attempts", "dependencies", "deadline_unix", "created_at",
         "ready_at", "updated_at", "completed_at", "lease_owner", "lease_epoch", "lease_token",
-        "lease_expires_at", "result", "error", "run_id",
+        "lease_expires_at", "result", "error", "run_id", "checkpoint",
     ],
     "dispatch_depth": ["slot", "n"],
     "work_dependencies": ["depends_on", "job_id"],

@@ -367,6 +367,13 @@ class SqliteStore:
         with self._tx(durable=True) as tx:
             return engine.effect_end(tx, lease, key, state, result)
 
+    def checkpoint(self, lease: Lease, state: str) -> None:
+        with self._tx(durable=True) as tx:
+            params = _fence_params(lease)
+            params.update(state=state, now=tx.now())
+            if tx.c.execute(Q["checkpoint_save"], params).rowcount != 1:
+                raise _checkpoint_fenced(lease)
+
     def record_poison(self, raw: str, reason: str) -> bool:
         digest = hashlib.sha256(raw.encode()).hexdigest()
         with self._tx(durable=True) as tx:
@@ -423,6 +430,20 @@ class SqliteStore:
     def outbox_done(self, row_ids: Sequence[int]) -> None:
         with self._tx() as tx:
             tx.c.executemany(Q["outbox_done"], [(i,) for i in row_ids])
+
+
+def _fence_params(lease: Lease) -> dict[str, Any]:
+    return {
+        "id": lease.job_id,
+        "tenant": lease.tenant,
+        "owner": lease.owner,
+        "epoch": lease.epoch,
+        "token": lease.token,
+    }
+
+
+def _checkpoint_fenced(lease: Lease) -> LeaseLost:
+    return LeaseLost(f"job {lease.job_id}: lease epoch {lease.epoch} is no longer live; checkpoint not saved")
 
 
 def _statements(sql: str) -> list[str]:
