@@ -448,8 +448,23 @@ def _checkpoint_fenced(lease: Lease) -> LeaseLost:
 
 def _statements(sql: str) -> list[str]:
     """Split a migration into statements: comment lines go first, then split on
-    ``;`` (our DDL has no ``;`` inside literals)."""
-    return [part.strip() for part in compact(sql).split(";") if part.strip()]
+    ``;`` (our DDL has no ``;`` inside literals); a trigger's body runs on to its
+    ``END``."""
+    out: list[str] = []
+    body: list[str] = []
+    for part in (p.strip() for p in compact(sql).split(";")):
+        if not part:
+            continue
+        if body or part.upper().startswith("CREATE TRIGGER"):
+            body.append(part)
+            if part.upper() == "END":
+                out.append(";\n".join(body))
+                body = []
+            continue
+        out.append(part)
+    if body:
+        raise ValueError("a CREATE TRIGGER without its END in a migration")
+    return out
 
 
 class _StoreTx:
