@@ -432,13 +432,13 @@ def main() -> None:
         "--budget-s",
         type=float,
         default=None,
-        help="stop waiting for a system's backlog after this; goodput so far (default: max(60, 3 x rounds x turn-s))",
+        help="stop waiting for a system's backlog after this; goodput so far (default: max(45, 3 x rounds x turn-s))",
     )
     parser.add_argument("--pg", default=os.environ.get("AGENTDISPATCH_BENCH_PG", PG_DEFAULT))
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/15", help="Celery broker (its db is flushed)")
     args = parser.parse_args()
     if args.budget_s is None:
-        args.budget_s = max(60.0, 3 * args.rounds * args.turn_s)
+        args.budget_s = max(45.0, 3 * args.rounds * args.turn_s)
 
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # children inherit: sockets per turn
