@@ -18,7 +18,7 @@ Per system it measures:
 
 * **goodput**: a backlog of ``--in-flight`` x ``--rounds`` turns is submitted at
   once; goodput is the replies per second in the steady state (from one mean
-  latency after the submission to the last start, when the backlog is empty),
+  latency after the submission ended to the last start, when the backlog is empty),
   against the ideal in-flight / mean latency (the mean the mock actually drew).
   **drain** is the ideal time of the whole backlog over its measured time (ramp
   and the log-normal tail included, so below 1 even for a perfect runner);
@@ -26,7 +26,8 @@ Per system it measures:
   turns get going) and at light load (``--probes`` turns, one every
   1/``--probe-rate`` s);
 * **RSS per in-flight turn**: the worker's peak RSS during the backlog minus its
-  RSS when idle, over N; **CPU per turn**: the worker process's user+system time
+  RSS when idle, and its whole peak RSS, over the turns in flight at the model's
+  peak (a thread pool's stacks exist at idle already); **CPU per turn**: the worker process's user+system time
   over the backlog, per turn (the database's and broker's CPU are not counted);
 * **transactions per turn** on PostgreSQL (``pg_stat_database.xact_commit``).
 
@@ -353,7 +354,8 @@ def run_system(sysm: System, mock: Mock, args: argparse.Namespace) -> dict[str, 
         for _, p in backlog:
             p["submitted_at"] = t0
         sysm.submit(backlog)
-        submit_s = time.time() - t0
+        t1 = time.time()
+        submit_s = t1 - t0
         peak = [idle_rss]
         drained = wait_replies(mock, total, args.budget_s, proc.pid, peak, cut=True)
         cpu1 = cpu_s(proc.pid)
@@ -367,11 +369,11 @@ def run_system(sysm: System, mock: Mock, args: argparse.Namespace) -> dict[str, 
             first_start.setdefault(job, started - submitted)
         waits = sorted(first_start.values())
         wave = waits[: args.in_flight]
-        # Steady state: from one mean latency after the submission (the first
-        # wave finishing) to the last start (the backlog empty; or the budget's
-        # end): N in flight throughout for a system that keeps up.
-        a = t0 + full["drawn_mean_s"]
-        b = t0 + waits[-1] if drained else t0 + args.budget_s
+        # Steady state: from one mean latency after the submission ended (the
+        # first wave finishing) to the last start (the backlog empty; or the
+        # budget's end): N in flight throughout for a system that keeps up.
+        a = t1 + full["drawn_mean_s"]
+        b = t0 + waits[-1] if drained else t1 + args.budget_s
         replies = full["reply_times"]
         if b - a > 0.5 * args.turn_s:
             steady = sum(1 for t in replies if a <= t <= b) / (b - a)
@@ -403,7 +405,10 @@ def run_system(sysm: System, mock: Mock, args: argparse.Namespace) -> dict[str, 
             "wave_p99": pct(wave, 0.99),
             "light_p50": pct(list(light.values()), 0.5),
             "light_p99": pct(list(light.values()), 0.99),
-            "rss_per_turn_kib": (peak[0] - idle_rss) / args.in_flight,
+            # Per turn actually in flight (the model's peak concurrency): above
+            # idle, and the whole process (a thread pool's stacks exist at idle).
+            "rss_per_turn_kib": (peak[0] - idle_rss) / max(1, full["peak"]),
+            "rss_total_per_turn_kib": peak[0] / max(1, full["peak"]),
             "idle_rss_mib": idle_rss / 1024,
             "cpu_ms_per_turn": 1000 * (cpu1 - cpu0) / total,
             "tx_per_turn": (tx1 - tx0) / total if sysm.pg_db else None,
@@ -478,7 +483,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print()
     head = (
         f"{'system':<22} {'goodput/s':>9} {'ideal/s':>8} {'x ideal':>7} {'drain':>5} {'wave p50/p99 s':>15} "
-        f"{'light p50/p99 ms':>17} {'KiB/turn':>8} {'CPU ms/turn':>11} {'tx/turn':>7} {'429s':>6}"
+        f"{'light p50/p99 ms':>17} {'KiB/turn':>13} {'CPU ms/turn':>11} {'tx/turn':>7} {'429s':>6}"
     )
     print(head)
     for r in results:
@@ -487,7 +492,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
             f"{r['name']:<22} {r['goodput']:9.1f} {r['ideal']:8.1f} {r['ratio']:7.2f} {r['drain_ratio']:5.2f} "
             f"{r['wave_p50']:7.2f}/{r['wave_p99']:<7.2f} "
             f"{1000 * r['light_p50']:8.0f}/{1000 * r['light_p99']:<8.0f} "
-            f"{r['rss_per_turn_kib']:8.1f} {r['cpu_ms_per_turn']:11.2f} {tx:>7} "
+            f"{r['rss_per_turn_kib']:6.0f}/{r['rss_total_per_turn_kib']:<6.0f} {r['cpu_ms_per_turn']:11.2f} {tx:>7} "
             f"{100 * r['rejected'] / max(1, r['calls']):5.1f}%"
         )
     for r in results:
@@ -502,6 +507,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     for o in ours:
         for t in others:
             print(f"ratio goodput {o['name']} / {t['name']} = {o['goodput'] / t['goodput']:.2f}")
+    print("(KiB/turn: peak RSS above idle / whole peak RSS, per turn in flight at the model's peak)")
     print("(issue 19 targets: goodput >= 0.9 x ideal at 2,000 x 5 s, >= 0.85 and <= 100 KB per turn at 10,000 x 30 s)")
 
 
