@@ -35,6 +35,8 @@ class Turn:
     attempt: int
     agent_name: str = ""
     deadline_unix: float | None = None
+    #: What an earlier attempt saved with ``guard.checkpoint`` (None: start afresh).
+    checkpoint: Any = None
 
 
 Handler = Callable[[Turn, "LeaseGuard"], Any]
@@ -108,6 +110,7 @@ def turn_of(item: WorkItem) -> Turn:
         attempt=item.attempt,
         agent_name=item.agent_name,
         deadline_unix=item.deadline_unix,
+        checkpoint=item.checkpoint,
     )
 
 

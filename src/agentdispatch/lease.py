@@ -15,7 +15,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .errors import AgentDispatchError, EffectUnknown, LeaseLost
+from .errors import AgentDispatchError, EffectUnknown, InvalidInput, LeaseLost
 from .policy import renew_every
 from .workitem import Lease
 
@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from .stores.base import Effect, EffectState, Store
 
 T = TypeVar("T")
+#: The largest checkpoint :meth:`LeaseGuard.checkpoint` saves, as UTF-8 JSON
+#: (it is read with the item on every claim and commit: keep bulk elsewhere).
+MAX_CHECKPOINT_BYTES = 256 * 1024
 log = logging.getLogger("agentdispatch.lease")
 
 
@@ -166,6 +169,23 @@ class LeaseGuard:
         """Raise :class:`LeaseLost` if a renewal already failed."""
         if self._lost is not None:
             raise LeaseLost(self._lost)
+
+    def checkpoint(self, state: Any) -> None:
+        """Durably save ``state`` (any JSON value) as this turn's progress; a
+        redelivered turn finds the last one saved as ``turn.checkpoint``.
+
+        Fenced: once another attempt holds the turn (or the lease expired)
+        nothing is written and :class:`LeaseLost` is raised. A state that is not
+        JSON or is larger than :data:`MAX_CHECKPOINT_BYTES` raises
+        :class:`InvalidInput` and changes nothing."""
+        text = checkpoint_text(state)
+        self.check()
+        with self._mutex:
+            try:
+                self.store.checkpoint(self.lease, text)
+            except LeaseLost as exc:
+                self._lost = str(exc)
+                raise
 
     def side_effect(
         self,
@@ -313,6 +333,23 @@ class NotHappened:
 #: What a ``verify`` callback of :meth:`LeaseGuard.side_effect` returns when
 #: the downstream system has no effect with the key.
 NOT_HAPPENED = NotHappened()
+
+
+def checkpoint_text(state: Any) -> str:
+    """``state`` as the JSON text a checkpoint stores, or :class:`InvalidInput`."""
+    import json
+
+    try:
+        text = json.dumps(state, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"checkpoint state must be JSON (dicts, lists, str, numbers, bools, None): {exc}") from None
+    size = len(text.encode())
+    if size > MAX_CHECKPOINT_BYTES:
+        raise InvalidInput(
+            f"checkpoint state is {size} bytes of JSON, over the {MAX_CHECKPOINT_BYTES} byte limit; "
+            "keep large data elsewhere and checkpoint a reference to it"
+        )
+    return text
 
 
 def jsonable(value: Any) -> Any:

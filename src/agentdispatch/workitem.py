@@ -79,6 +79,8 @@ class WorkItem:
     result: Any = None
     error: str | None = None
     completed_at: float | None = None
+    #: The progress the last attempt saved (``guard.checkpoint``), or None.
+    checkpoint: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

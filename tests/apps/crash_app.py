@@ -104,3 +104,18 @@ def idempotent_turn(turn: Turn, guard: LeaseGuard) -> dict[str, object]:
     finally:
         _sink("end", turn.session_id, turn.job_id, turn.payload["i"])
     return {"pid": os.getpid()}
+
+
+@registry.register("checkpoint_turn")
+def checkpoint_turn(turn: Turn, guard: LeaseGuard) -> dict[str, object]:
+    """Steps of work, each saved by a checkpoint: a killed turn's next attempt
+    starts after the last step its checkpoint holds."""
+    state = turn.checkpoint or {"done": []}
+    first = len(state["done"])
+    _sink("resume", turn.job_id, turn.attempt, first)
+    for step in range(first, int(turn.payload["steps"])):
+        time.sleep(float(turn.payload["step_s"]))
+        _sink("step", turn.job_id, step)
+        state = {"done": [*state["done"], step]}
+        guard.checkpoint(state)
+    return state

@@ -22,6 +22,8 @@ EXPECTED: dict[str, list[str]] = {
         "lease_expires_at", "result", "error", "run_id",
         # Migration 007: the intake design's operator queries run as written.
         "agent_id", "intake_attempts", "turn_attempts",
+        # Migration 012: a turn's checkpoint.
+        "checkpoint",
     ],
     "dispatch_depth": ["slot", "n"],
     "work_dependencies": ["depends_on", "job_id"],

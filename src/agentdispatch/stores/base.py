@@ -194,6 +194,11 @@ class Store(Protocol):
         no longer this attempt's (another attempt doubted, verified or re-ran
         the effect, or a replay released it)."""
 
+    def checkpoint(self, lease: Lease, state: str) -> None:
+        """Durably save ``state`` (JSON text) as the item's checkpoint, fenced
+        like :meth:`renew` (raises :class:`LeaseLost`, writing nothing, unless
+        ``lease`` is the item's live lease)."""
+
     def record_poison(self, raw: str, reason: str) -> bool:
         """Durably dead-letter an undeliverable envelope once; True when new."""
 

@@ -329,6 +329,26 @@ class PostgresStore:
             raise LeaseLost(f"job {lease.job_id}: lease epoch {lease.epoch} expired while recording {key!r}")
         return recorded
 
+    def checkpoint(self, lease: Lease, state: str) -> None:
+        params = {
+            "id": lease.job_id,
+            "tenant": lease.tenant,
+            "owner": lease.owner,
+            "epoch": lease.epoch,
+            "token": lease.token,
+            "state": state,
+        }
+        # One fenced statement in autocommit; a repeat writes the same state.
+        saved = self.db.run(
+            lambda c: c.execute(Q["checkpoint_save"], params).fetchone() is not None,
+            durable=True,
+            idempotent=True,
+            single=True,
+            patience_s=max(0.0, min(WORKER_PATIENCE_S, lease.expires_at - time.time())),
+        )
+        if not saved:
+            raise LeaseLost(f"job {lease.job_id}: lease epoch {lease.epoch} is no longer live; checkpoint not saved")
+
     def record_poison(self, raw: str, reason: str) -> bool:
         digest = hashlib.sha256(raw.encode()).hexdigest()
 

@@ -18,6 +18,7 @@ def item_from_row(row: Mapping[str, Any]) -> WorkItem:
     payload = row["payload"]
     result = row["result"]
     deps = row["dependencies"]
+    saved = row["checkpoint"]
     return WorkItem(
         id=row["id"],
         tenant=row["tenant"],
@@ -43,6 +44,7 @@ def item_from_row(row: Mapping[str, Any]) -> WorkItem:
         result=json.loads(result) if isinstance(result, str) else result,
         error=row["error"],
         completed_at=row["completed_at"],
+        checkpoint=None if saved is None else json.loads(saved),
     )
 
 

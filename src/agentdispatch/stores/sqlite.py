@@ -377,6 +377,13 @@ class SqliteStore:
         with self._tx(durable=True) as tx:
             return engine.effect_end(tx, lease, key, state, result)
 
+    def checkpoint(self, lease: Lease, state: str) -> None:
+        with self._tx(durable=True) as tx:
+            params = _fence_params(lease)
+            params.update(state=state, now=tx.now())
+            if tx.c.execute(Q["checkpoint_save"], params).rowcount != 1:
+                raise _checkpoint_fenced(lease)
+
     def record_poison(self, raw: str, reason: str) -> bool:
         digest = hashlib.sha256(raw.encode()).hexdigest()
         with self._tx(durable=True) as tx:
@@ -435,10 +442,39 @@ class SqliteStore:
             tx.c.executemany(Q["outbox_done"], [(i,) for i in row_ids])
 
 
+def _fence_params(lease: Lease) -> dict[str, Any]:
+    return {
+        "id": lease.job_id,
+        "tenant": lease.tenant,
+        "owner": lease.owner,
+        "epoch": lease.epoch,
+        "token": lease.token,
+    }
+
+
+def _checkpoint_fenced(lease: Lease) -> LeaseLost:
+    return LeaseLost(f"job {lease.job_id}: lease epoch {lease.epoch} is no longer live; checkpoint not saved")
+
+
 def _statements(sql: str) -> list[str]:
     """Split a migration into statements: comment lines go first, then split on
-    ``;`` (our DDL has no ``;`` inside literals)."""
-    return [part.strip() for part in compact(sql).split(";") if part.strip()]
+    ``;`` (our DDL has no ``;`` inside literals); a trigger's body runs on to its
+    ``END``."""
+    out: list[str] = []
+    body: list[str] = []
+    for part in (p.strip() for p in compact(sql).split(";")):
+        if not part:
+            continue
+        if body or part.upper().startswith("CREATE TRIGGER"):
+            body.append(part)
+            if part.upper() == "END":
+                out.append(";\n".join(body))
+                body = []
+            continue
+        out.append(part)
+    if body:
+        raise ValueError("a CREATE TRIGGER without its END in a migration")
+    return out
 
 
 class _StoreTx:

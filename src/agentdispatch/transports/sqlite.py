@@ -27,7 +27,9 @@ class SqliteTransport:
     name = "sqlite"
     redeliver_after_s = 1.0
     shared_database = True
-    claims_with_commit = 1_000  # first come, first served: no fairness rows
+    # One writer at a time: a claim riding in a commit's transaction holds no
+    # fairness mark back from other claimants (they wait for the write lock anyway).
+    claims_with_commit = 1_000
 
     def __init__(self, db: SqliteDb, *, poll_s: float = 0.05) -> None:
         self.db = db

@@ -291,3 +291,12 @@ SELECT value FROM dispatch_meta WHERE key = %(key)s
 
 -- name: migrate_lock
 SELECT pg_advisory_xact_lock(hashtextextended('agentdispatch.migrate:' || current_schema(), 0))
+
+-- name: checkpoint_save
+-- Fenced like a renewal: only the item's live lease (status, owner, epoch,
+-- token, unexpired on the database clock) writes; a stale attempt changes nothing.
+UPDATE work_items SET checkpoint = %(state)s
+WHERE id = %(id)s AND tenant = %(tenant)s AND status IN ('leased', 'running')
+  AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s AND lease_token = %(token)s
+  AND lease_expires_at > extract(epoch FROM clock_timestamp())::float8
+RETURNING id

@@ -181,3 +181,11 @@ UPDATE api_tokens SET revoked_at = ? WHERE token_id = ? AND revoked_at IS NULL
 
 -- name: token_lookup
 SELECT tenant FROM api_tokens WHERE token_hash = ? AND revoked_at IS NULL
+
+-- name: checkpoint_save
+-- Fenced like a renewal: only the item's live lease (status, owner, epoch,
+-- token, unexpired on the database clock) writes; a stale attempt changes nothing.
+UPDATE work_items SET checkpoint = :state
+WHERE id = :id AND tenant = :tenant AND status IN ('leased', 'running')
+  AND lease_owner = :owner AND lease_epoch = :epoch AND lease_token = :token
+  AND lease_expires_at > :now
