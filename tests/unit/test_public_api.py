@@ -19,6 +19,7 @@ PINNED = [
     "Dispatcher",
     "EffectUnknown",
     "Envelope",
+    "IdempotencyConflict",
     "InvalidEnvelope",
     "InvalidInput",
     "InvalidTransition",

@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import (
     AgentDispatchError,
+    IdempotencyConflict,
     InvalidInput,
     InvalidTransition,
     JobNotFound,
@@ -63,6 +64,8 @@ def error_payload(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, st
         return 404, {"status": "not_found", "error": str(exc)}, {}
     if isinstance(exc, PayloadTooLarge):
         return 413, error_body("payload_too_large", str(exc)), {}
+    if isinstance(exc, IdempotencyConflict):
+        return 409, error_body("idempotency_conflict", str(exc), job_id=exc.job_id), {}
     if isinstance(exc, InvalidInput):
         return 400, error_body("invalid_input", str(exc)), {}
     if isinstance(exc, QueueFull):
