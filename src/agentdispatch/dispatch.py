@@ -16,6 +16,7 @@ from .errors import InvalidInput, PayloadTooLarge
 from .settings import Settings
 from .stores.base import NewJob, Store
 from .transports.base import Transport
+from .waiting import wait_view
 from .workitem import Status, WorkItem
 
 _IDENT = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,200}$")
@@ -167,6 +168,11 @@ class Dispatcher:
     def status(self, job_id: str, tenant: str | None) -> dict[str, Any]:
         """The WorkItem view (no lease secrets); raises :class:`JobNotFound`."""
         return self.store.get(job_id, tenant).view()
+
+    def wait(self, job_id: str, tenant: str | None, timeout_s: float) -> dict[str, Any]:
+        """The job's view once it is terminal, or after ``timeout_s`` seconds
+        (at most 60) with whatever status it has then."""
+        return wait_view(lambda: self.status(job_id, tenant), timeout_s)
 
     def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> dict[str, Any]:
         """Cancel a non-terminal job; terminal jobs are returned unchanged."""

@@ -4,13 +4,16 @@ surfaces: a real gateway subprocess, real workers, the CLI as a subprocess."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from e2e.gatewayproc import Gateway, cli, start_gateway
+from e2e.gatewayproc import Gateway, cli, cli_env, start_gateway
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +59,81 @@ def test_the_cli_refuses_a_conflicting_resubmission(tmp_path: Path) -> None:
     assert clash.returncode != 0
     assert "Traceback" not in clash.stderr
     assert clash.stderr.startswith("error: job cli-1 already exists with a different payload")
+
+
+def _worker(data: Path, log: Path) -> subprocess.Popen[str]:
+    with log.open("w") as fh:
+        return subprocess.Popen(
+            [sys.executable, "-m", "agentdispatch", "worker", "--workers", "2"],
+            env=cli_env(data),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_long_poll_answers_when_a_worker_commits(tmp_path: Path) -> None:
+    g = start_gateway(tmp_path / "data")
+    worker: subprocess.Popen[str] | None = None
+    try:
+        with g.client("acme") as api:
+            job = api.post("/v1/jobs", json={"kind": "echo", "payload": {"v": 7}}).json()["job_id"]
+            # No worker yet: the wait ends with the job still ready.
+            assert api.get(f"/v1/jobs/{job}", params={"wait": 0.3}).json()["status"] == "ready"
+            assert api.get(f"/v1/jobs/{job}", params={"wait": 61}).status_code == 422
+
+            answers: list[dict[str, object]] = []
+            in_flight = threading.Event()
+
+            def long_poll() -> None:
+                with httpx.Client(base_url=g.url, headers=api.headers, timeout=60) as c:
+                    in_flight.set()
+                    answers.append(c.get(f"/v1/jobs/{job}", params={"wait": 30}).json())
+
+            poller = threading.Thread(target=long_poll)
+            poller.start()
+            assert in_flight.wait(10)
+            # A waiting request holds no thread the gateway needs: others still answer.
+            for _ in range(50):
+                assert api.get(f"/v1/jobs/{job}").json()["status"] == "ready"
+            assert not answers
+            worker = _worker(g.data_dir, tmp_path / "worker.log")
+            poller.join(60)
+            assert not poller.is_alive()
+            assert answers[0]["status"] == "succeeded" and answers[0]["result"] == {"v": 7}
+    finally:
+        if worker is not None:
+            _stop(worker)
+        g.stop()
+
+
+def test_cli_status_wait_returns_once_the_job_ended(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    job = json.loads(cli(data, "submit", "echo", "--payload", '{"w": 1}', "--json").stdout)["job_id"]
+    assert json.loads(cli(data, "status", job, "--wait", "0.2", "--json").stdout)["status"] == "ready"
+    bad = cli(data, "status", job, "--wait", "99")
+    assert bad.returncode != 0 and "--wait" in bad.stderr
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "agentdispatch", "status", job, "--wait", "30", "--json"],
+        env=cli_env(data),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    worker = _worker(data, tmp_path / "worker.log")
+    try:
+        out, err = waiting.communicate(timeout=60)
+    finally:
+        _stop(worker)
+    assert waiting.returncode == 0, err
+    view = json.loads(out)
+    assert view["status"] == "succeeded" and view["result"] == {"w": 1}

@@ -12,6 +12,7 @@ from rich.table import Column, Table
 
 from ..dispatch import Submission
 from ..errors import InvalidInput
+from ..waiting import MAX_WAIT_S
 from ..workitem import Status, WorkItem
 from .app import App
 
@@ -74,12 +75,21 @@ def register(main: click.Group) -> None:
     @main.command()
     @click.argument("job_id")
     @click.option("--history", is_flag=True, help="Include events and the side-effect ledger.")
+    @click.option(
+        "--wait",
+        "wait_s",
+        type=click.FloatRange(0, MAX_WAIT_S),
+        default=0,
+        help=f"Seconds (at most {MAX_WAIT_S:g}) to wait for the job to end first.",
+    )
     @TENANT
     @JSON
     @click.pass_obj
-    def status(obj: App, job_id: str, tenant: str, history: bool, as_json: bool) -> None:
-        """Show one job."""
+    def status(obj: App, job_id: str, tenant: str, history: bool, wait_s: float, as_json: bool) -> None:
+        """Show one job (with --wait: once it ended, or when the wait is over)."""
         d = obj.dispatcher()
+        if wait_s > 0:
+            d.wait(job_id, tenant, wait_s)
         view: dict[str, Any] = d.history(job_id, tenant) if history else d.status(job_id, tenant)
 
         def human() -> None:

@@ -8,8 +8,10 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from ..dispatch import Submission
+from ..waiting import MAX_WAIT_S, await_view
 from ..workitem import Status
 from .auth import Caller
 from .errors import ApiError
@@ -168,9 +170,24 @@ def build_router(services: Services, caller_dep: Any) -> APIRouter:
         return _ok({"jobs": [i.view() for i in items], "page": page})
 
     @router.get("/v1/jobs/{job_id}", response_model=JobView, tags=["jobs"], summary="Read a job")
-    def get_job(job_id: str, caller: CallerDep) -> Response:
-        """The WorkItem view of one job."""
-        return _ok(d.status(job_id, caller.tenant))
+    async def get_job(
+        job_id: str,
+        caller: CallerDep,
+        wait: Annotated[
+            float,
+            Query(ge=0, le=MAX_WAIT_S, description="Seconds to wait for the job to end (long-poll)."),
+        ] = 0,
+    ) -> Response:
+        """The WorkItem view of one job; with ``wait``, answered once the job is
+        terminal or the wait is over (whatever its status then)."""
+
+        async def read() -> dict[str, Any]:
+            # The token lookup (first use of caller.tenant) runs in the thread too.
+            return await run_in_threadpool(lambda: d.status(job_id, caller.tenant))
+
+        if wait <= 0:
+            return _ok(await read())
+        return _ok(await await_view(read, wait))
 
     @router.get("/v1/jobs/{job_id}/history", tags=["jobs"], summary="A job's history")
     def job_history(job_id: str, caller: CallerDep) -> Response:
