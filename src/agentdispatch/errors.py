@@ -58,9 +58,10 @@ class IdempotencyConflict(InvalidInput):
     """A submission reused the job id (or idempotency key) of an existing job
     with a different body; nothing was written (HTTP 409 ``idempotency_conflict``)."""
 
-    def __init__(self, job_id: str, fields: tuple[str, ...]) -> None:
+    def __init__(self, job_id: str, fields: tuple[str, ...] = (), *, message: str | None = None) -> None:
         super().__init__(
-            f"job {job_id} already exists with a different {', '.join(fields)}; "
+            message
+            or f"job {job_id} already exists with a different {', '.join(fields) or 'body'}; "
             "use a new idempotency key (or job id) for a different submission"
         )
         self.job_id = job_id

@@ -14,6 +14,8 @@ import agentdispatch
 
 PINNED = [
     "AgentDispatchError",
+    "AsyncClient",
+    "Client",
     "ConfigError",
     "DepthUnavailable",
     "Dispatcher",

@@ -65,6 +65,19 @@ class JobHandleOut(BaseModel):
     status_request: dict[str, Any]
 
 
+class BatchRequest(BaseModel):
+    """Many submissions, accepted all or nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+    jobs: list[JobSpec] = Field(min_length=1, max_length=500)
+
+
+class BatchOut(BaseModel):
+    """The handles of a batch, in submission order."""
+
+    jobs: list[JobHandleOut]
+
+
 class JobView(BaseModel):
     """The WorkItem view: everything but lease secrets."""
 
@@ -156,6 +169,15 @@ def build_router(services: Services, caller_dep: Any) -> APIRouter:
     def create_job(body: JobSpec, caller: CallerDep, idempotency_key: IdemKey = None) -> Response:
         """Accept one turn; answers once it is durable."""
         return _ok(d.submit(_submission(body, caller, idempotency_key)).model_dump(), 202)
+
+    @router.post(
+        "/v1/jobs/batch", status_code=202, response_model=BatchOut, tags=["jobs"], summary="Submit jobs together"
+    )
+    def create_jobs(body: BatchRequest, caller: CallerDep) -> Response:
+        """Accept many turns in one transaction (all or nothing); a job's
+        ``idempotency_key`` or ``job_id`` makes a retried batch return the same jobs."""
+        subs = [_submission(spec, caller, None) for spec in body.jobs]
+        return _ok({"jobs": [h.model_dump() for h in d.submit_many(subs)]}, 202)
 
     @router.get("/v1/jobs", response_model=JobPage, tags=["jobs"], summary="List jobs")
     def list_jobs(
