@@ -24,7 +24,7 @@ _KIND = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 SUBMIT_FIELDS = frozenset(
     {
         "kind", "payload", "tenant", "session_id", "priority", "deadline_unix",
-        "dependencies", "job_id", "idempotency_key", "agent_name",
+        "dependencies", "job_id", "idempotency_key", "agent_name", "not_before", "delay_s",
     }
 )  # fmt: skip
 
@@ -43,6 +43,10 @@ class Submission:
     job_id: str | None = None
     idempotency_key: str | None = None
     agent_name: str = ""
+    #: Start no earlier than this unix time (absolute)...
+    not_before: float | None = None
+    #: ...or this many seconds after acceptance (not both).
+    delay_s: float | None = None
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, tenant: str | None = None) -> Submission:
@@ -106,6 +110,7 @@ def validate(sub: Submission, *, max_attempts: int, known_kinds: frozenset[str] 
         ):
             raise InvalidInput("deadline_unix must be a positive number of seconds since the epoch")
         deadline = float(deadline)
+    not_before, delay_s = _timing(sub.not_before, sub.delay_s)
     deps = tuple(_ident("dependency", d) for d in sub.dependencies)
     if len(deps) > 100:
         raise InvalidInput("at most 100 dependencies")
@@ -132,7 +137,32 @@ def validate(sub: Submission, *, max_attempts: int, known_kinds: frozenset[str] 
         priority=sub.priority,
         dependencies=deps,
         deadline_unix=deadline,
+        not_before=not_before,
+        delay_s=delay_s,
     )
+
+
+#: The longest delay a submission may ask for.
+MAX_DELAY_S = 366 * 86400.0
+
+
+def _number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _timing(not_before: Any, delay_s: Any) -> tuple[float | None, float]:
+    """Validated ``(not_before, delay_s)`` of a submission."""
+    if not_before is not None and delay_s is not None:
+        raise InvalidInput("give not_before or delay_s, not both")
+    if not_before is not None:
+        if not _number(not_before) or not 0 < not_before < 2**42:
+            raise InvalidInput("not_before must be a positive number of seconds since the epoch")
+        return float(not_before), 0.0
+    if delay_s is not None:
+        if not _number(delay_s) or not 0 <= delay_s <= MAX_DELAY_S:
+            raise InvalidInput(f"delay_s must be a number of seconds between 0 and {MAX_DELAY_S:g}")
+        return None, float(delay_s)
+    return None, 0.0
 
 
 class Dispatcher:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from agentdispatch import IdempotencyConflict, InvalidInput, Submission
+from agentdispatch import IdempotencyConflict, InvalidInput, QueueFull, Registry, Status, Submission, Turn
+from agentdispatch.stores.base import ClaimKind
+from agentdispatch.workitem import Outcome
+
+from .helpers import wait_until
 
 
 def test_a_reused_key_with_another_body_is_a_conflict(harness):
@@ -32,3 +38,76 @@ def test_a_reused_key_with_another_body_is_a_conflict(harness):
         )
     assert harness.store.counts("acme") == before
     assert harness.store.get(first.job_id, "acme").payload == {"n": 1}
+
+
+def _recording_registry(log: list[tuple[str, str, float]]) -> Registry:
+    reg = Registry()
+
+    def record(turn: Turn, guard: object) -> object:
+        log.append(("start", turn.job_id, time.time()))
+        log.append(("end", turn.job_id, time.time()))
+        return turn.payload
+
+    reg.add("rec", record)
+    return reg
+
+
+def test_a_delayed_turn_waits_keeps_its_session_order_and_counts(make_harness):
+    harness = make_harness(max_depth=3)
+    d = harness.dispatcher()
+    late = d.submit(Submission(kind="rec", tenant="t", session_id="s", payload="late", delay_s=1.5))
+    after = d.submit(Submission(kind="rec", tenant="t", session_id="s", payload="after"))
+    at = d.submit(Submission(kind="rec", tenant="t", payload="at", not_before=time.time() + 1.0))
+    view = d.status(late.job_id, "t")
+    # Accepted now, scheduled for later: its start time is in the view.
+    assert view["status"] == "ready" and view["ready_at"] >= view["created_at"] + 1.5
+    assert d.status(at.job_id, "t")["ready_at"] > d.status(at.job_id, "t")["created_at"]
+    # A delayed turn counts against admission.
+    with pytest.raises(QueueFull):
+        d.submit(Submission(kind="rec", tenant="t", payload="over"))
+    log: list[tuple[str, str, float]] = []
+    worker = harness.worker(_recording_registry(log), threads=2)
+    worker.start()
+    try:
+        for job in (late, after, at):
+            wait_until(lambda job=job: harness.store.get(job.job_id, "t").status is Status.SUCCEEDED, timeout=30)
+    finally:
+        worker.stop()
+    starts = {job: when for kind, job, when in log if kind == "start"}
+    ends = {job: when for kind, job, when in log if kind == "end"}
+    # Never before its time (database clock and this process's clock: one host).
+    for job in (late, at):
+        assert starts[job.job_id] >= harness.store.get(job.job_id, "t").ready_at - 0.01
+    # The later turn of the session did not overtake the delayed one.
+    assert starts[after.job_id] >= ends[late.job_id]
+
+
+def test_a_delayed_child_keeps_its_delay_when_released(harness):
+    d = harness.dispatcher()
+    parent = d.submit(Submission(kind="echo", tenant="t"))
+    child = d.submit(Submission(kind="echo", tenant="t", dependencies=(parent.job_id,), delay_s=3600))
+    start = harness.store.get(child.job_id, "t").ready_at
+    claim = harness.store.claim(parent.job_id, "t", owner="w:1", ttl_s=30)
+    assert claim.lease is not None
+    harness.store.commit(claim.lease, Outcome(ok=True))
+    released = harness.store.get(child.job_id, "t")
+    assert released.status is Status.READY and released.ready_at == start
+    assert harness.store.claim(child.job_id, "t", owner="w:1", ttl_s=30).kind is ClaimKind.BUSY
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"delay_s": -1}, "delay_s"),
+        ({"delay_s": float("nan")}, "delay_s"),
+        ({"delay_s": 10**9}, "delay_s"),
+        ({"not_before": 0}, "not_before"),
+        ({"not_before": True}, "not_before"),
+        ({"not_before": 1.0, "delay_s": 1.0}, "not both"),
+    ],
+)
+def test_bad_timing_is_refused_and_changes_nothing(harness, fields, message):
+    before = harness.store.counts("t")
+    with pytest.raises(InvalidInput, match=message):
+        harness.dispatcher().submit(Submission(kind="echo", tenant="t", **fields))
+    assert harness.store.counts("t") == before

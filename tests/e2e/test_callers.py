@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 
@@ -137,3 +138,57 @@ def test_cli_status_wait_returns_once_the_job_ended(tmp_path: Path) -> None:
     assert waiting.returncode == 0, err
     view = json.loads(out)
     assert view["status"] == "succeeded" and view["result"] == {"w": 1}
+
+
+def test_delays_over_http(api: httpx.Client) -> None:
+    h = api.post("/v1/jobs", json={"kind": "echo", "delay_s": 3600}).json()
+    view = api.get(f"/v1/jobs/{h['job_id']}").json()
+    assert view["status"] == "ready" and view["ready_at"] >= view["created_at"] + 3600
+    when = 4_000_000_000.5
+    g = api.post("/api/graph/jobs", json={"action": "dispatch", "kind": "echo", "not_before": when}).json()
+    assert api.get(f"/v1/jobs/{g['job_id']}").json()["ready_at"] == when
+    for bad in ({"delay_s": -1}, {"not_before": -5}, {"delay_s": 1, "not_before": when}):
+        r = api.post("/v1/jobs", json={"kind": "echo", **bad})
+        assert r.status_code in (400, 422) and r.json()["status"] == "error"
+
+
+def test_delays_from_the_cli(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+
+    def submit(*args: str) -> dict[str, object]:
+        out = cli(data, "submit", "echo", *args, "--json")
+        assert out.returncode == 0, out.stderr
+        job = json.loads(out.stdout)["job_id"]
+        return dict(json.loads(cli(data, "status", job, "--json").stdout))
+
+    view = submit("--delay", "2h")
+    assert float(view["ready_at"]) >= float(view["created_at"]) + 7200  # type: ignore[arg-type]
+    assert submit("--at", "2096-10-02T07:06:40+00:00")["ready_at"] == 4_000_000_000
+    assert submit("--at", "2096-10-02T07:06:40Z")["ready_at"] == 4_000_000_000
+    for args in (["--delay", "soon"], ["--at", "tomorrow"], ["--delay", "1s", "--at", "2096-10-02T07:06:40Z"]):
+        bad = cli(data, "submit", "echo", *args)
+        assert bad.returncode != 0 and bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
+
+
+def test_delays_over_mcp(tmp_path: Path) -> None:
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    data = tmp_path / "data"
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "agentdispatch", "mcp", "--tenant", "acme"], env=cli_env(data)
+    )
+
+    async def session() -> dict[str, object]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            args = {"action": "dispatch", "kind": "echo", "delay_s": 600}
+            handle = (await s.call_tool("graph_orchestrate", args)).structured_content
+            assert handle is not None
+            status = {"action": "status", "job_id": handle["job_id"]}
+            view = (await s.call_tool("graph_jobs", status)).structured_content
+            assert view is not None
+            return dict(view)
+
+    view = anyio.run(session)
+    assert float(view["ready_at"]) >= float(view["created_at"]) + 600  # type: ignore[arg-type]

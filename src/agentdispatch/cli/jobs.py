@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,27 @@ def _table(items: list[WorkItem]) -> None:
     Console().print(table)
 
 
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """``30s``, ``5m``, ``2h``, ``1d`` or plain seconds."""
+    m = _DURATION.match(text.lower())
+    if m is None:
+        raise InvalidInput(f"--delay {text!r} is not a duration like 30s, 5m, 2h or 1d")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def parse_when(text: str) -> float:
+    """An ISO 8601 time as unix seconds; without an offset it is local time."""
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise InvalidInput(f"--at {text!r} is not an ISO 8601 time like 2026-05-01T09:30:00+02:00") from None
+    return when.timestamp()
+
+
 def register(main: click.Group) -> None:
     """Attach the commands to ``main``."""
 
@@ -49,6 +72,8 @@ def register(main: click.Group) -> None:
     @click.option("--depends-on", "dependencies", multiple=True, help="Job id this one waits for (repeatable).")
     @click.option("--job-id", default=None, help="Caller-chosen id (a retry returns the same job).")
     @click.option("--idempotency-key", default=None, help="Derive the job id from this key.")
+    @click.option("--delay", default=None, help="Start no earlier than this from now: 30s, 5m, 2h, 1d.")
+    @click.option("--at", "at", default=None, help="Start no earlier than this ISO 8601 time (local if no offset).")
     @click.option("--app", "app_spec", default=None, help="module:registry to check kinds [env: AGENT_DISPATCH_APP].")
     @TENANT
     @JSON
@@ -68,6 +93,11 @@ def register(main: click.Group) -> None:
         except ValueError:
             raise InvalidInput("--payload is not valid JSON") from None
         obj.app_spec = app_spec
+        delay, at = kw.pop("delay"), kw.pop("at")
+        if delay is not None and at is not None:
+            raise InvalidInput("give --delay or --at, not both")
+        kw["delay_s"] = None if delay is None else parse_duration(delay)
+        kw["not_before"] = None if at is None else parse_when(at)
         sub = Submission(kind=kind, payload=body, tenant=tenant, **{**kw, "dependencies": tuple(kw["dependencies"])})
         handle = obj.dispatcher(check_kinds=True).submit(sub)
         _emit(handle.model_dump(), as_json, lambda: click.echo(handle.job_id))

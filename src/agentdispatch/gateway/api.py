@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from ..dispatch import Submission
+from ..dispatch import MAX_DELAY_S, Submission
 from ..waiting import MAX_WAIT_S, await_view
 from ..workitem import Status
 from .auth import Caller
@@ -37,6 +37,10 @@ class JobSpec(BaseModel):
     job_id: Ident | None = Field(default=None, description="Caller-chosen id; a repeat returns the same job.")
     idempotency_key: Ident | None = Field(default=None, description="Derives the job id; a repeat is a no-op.")
     agent_name: str = Field(default="", max_length=200)
+    not_before: float | None = Field(default=None, gt=0, description="Start no earlier than this unix time.")
+    delay_s: float | None = Field(
+        default=None, ge=0, le=MAX_DELAY_S, description="Start this many seconds after acceptance."
+    )
 
 
 class GraphRequest(JobSpec):

@@ -33,6 +33,10 @@ class NewJob:
     priority: int = 0
     dependencies: tuple[str, ...] = ()
     deadline_unix: float | None = None
+    #: Not claimable before this unix time (absolute), nor before ``delay_s``
+    #: seconds after acceptance (by the store's clock); both default to now.
+    not_before: float | None = None
+    delay_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -153,6 +153,12 @@ def _same_body(item: WorkItem, job: NewJob) -> None:
         raise IdempotencyConflict(job.job_id, diffs)
 
 
+def _start_at(job: NewJob, now: float) -> float | None:
+    if job.not_before is None and job.delay_s <= 0:
+        return None
+    return max(now + job.delay_s, job.not_before or 0.0)
+
+
 def queue_full(depth: int, max_depth: int) -> QueueFull:
     """The refusal of a submission that ``depth`` active items leave no room for."""
     return QueueFull(f"queue full: {depth} active turns, bound AGENT_DISPATCH_MAX_DEPTH={max_depth}")
@@ -203,6 +209,7 @@ def submit(tx: Tx, jobs: Sequence[NewJob], max_depth: int) -> list[Accepted]:
             priority=job.priority,
             dependencies=job.dependencies,
             deadline_unix=job.deadline_unix,
+            start_at=_start_at(job, now),
         )
         decision = "release"
         if job.dependencies:
