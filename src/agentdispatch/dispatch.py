@@ -14,7 +14,7 @@ from typing import Any
 from .envelope import MAX_PAYLOAD_BYTES, JobHandle, new_job_id
 from .errors import InvalidInput, PayloadTooLarge
 from .settings import Settings
-from .stores.base import NewJob, Store
+from .stores.base import JobFilter, NewJob, Store
 from .transports.base import Transport
 from .waiting import wait_view
 from .workitem import Status, WorkItem
@@ -142,6 +142,17 @@ def validate(sub: Submission, *, max_attempts: int, known_kinds: frozenset[str] 
     )
 
 
+def _check_filters(f: JobFilter) -> None:
+    for name in ("kind", "session_id", "agent_name", "id_contains"):
+        value = getattr(f, name)
+        if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 200):
+            raise InvalidInput(f"the {name} filter must be 1-200 characters")
+    for name in ("created_from", "created_to"):
+        value = getattr(f, name)
+        if value is not None and not _number(value):
+            raise InvalidInput(f"the {name} filter must be a unix time")
+
+
 #: The longest delay a submission may ask for.
 MAX_DELAY_S = 366 * 86400.0
 
@@ -215,10 +226,18 @@ class Dispatcher:
         return item.view()
 
     def jobs(
-        self, tenant: str | None, status: Status | None = None, *, limit: int = 50, offset: int = 0
+        self,
+        tenant: str | None,
+        status: Status | None = None,
+        *,
+        limit: int = 50,
+        offset: int = 0,
+        filters: JobFilter | None = None,
     ) -> list[WorkItem]:
-        """Jobs newest first."""
-        return self.store.list_jobs(tenant=tenant, status=status, limit=limit, offset=offset)
+        """Jobs newest first, filtered in the store (so across every page)."""
+        if filters:
+            _check_filters(filters)
+        return self.store.list_jobs(tenant=tenant, status=status, limit=limit, offset=offset, filters=filters)
 
     def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
         """A job's events and side-effect ledger."""

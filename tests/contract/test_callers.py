@@ -7,7 +7,7 @@ import time
 import pytest
 
 from agentdispatch import IdempotencyConflict, InvalidInput, QueueFull, Registry, Status, Submission, Turn
-from agentdispatch.stores.base import ClaimKind
+from agentdispatch.stores.base import ClaimKind, JobFilter
 from agentdispatch.workitem import Outcome
 
 from .helpers import wait_until
@@ -111,3 +111,32 @@ def test_bad_timing_is_refused_and_changes_nothing(harness, fields, message):
     with pytest.raises(InvalidInput, match=message):
         harness.dispatcher().submit(Submission(kind="echo", tenant="t", **fields))
     assert harness.store.counts("t") == before
+
+
+def test_search_filters_apply_in_the_store(harness):
+    d = harness.dispatcher()
+    old = [d.submit(Submission(kind="report", tenant="t", session_id="s-a", agent_name="bob")) for _ in range(3)]
+    cut = harness.store.get(old[-1].job_id, "t").created_at
+    time.sleep(0.01)  # created_at strictly after the cut on every clock
+    d.submit_many([Submission(kind="echo", tenant="t", session_id="s-b") for _ in range(30)])
+    d.submit(Submission(kind="report", tenant="other", session_id="s-a"))
+    mine = d.submit(Submission(kind="echo", tenant="t", job_id="needle-42"))
+
+    def ids(limit: int = 10, **kw: object) -> list[str]:
+        return [i.id for i in d.jobs("t", limit=limit, filters=JobFilter(**kw))]  # type: ignore[arg-type]
+
+    newest_first = [h.job_id for h in reversed(old)]
+    # Matches from beyond the first unfiltered page, newest first, this tenant only.
+    assert ids(kind="report") == newest_first
+    assert ids(session_id="s-a") == newest_first
+    assert ids(agent_name="bob", limit=2) == newest_first[:2]
+    assert ids(created_to=cut + 0.001, limit=50) == newest_first
+    assert old[0].job_id not in ids(created_from=cut + 0.001, limit=50)
+    assert ids(id_contains="needle") == [mine.job_id]
+    assert ids(id_contains="%") == [] and ids(id_contains="_") == []  # no pattern characters
+    assert ids(kind="report", session_id="s-b") == []
+    assert [i.id for i in d.jobs("t", Status.READY, limit=5, offset=1, filters=JobFilter(kind="report"))] == (
+        newest_first[1:]
+    )
+    with pytest.raises(InvalidInput):
+        d.jobs("t", filters=JobFilter(kind="x" * 300))

@@ -192,3 +192,37 @@ def test_delays_over_mcp(tmp_path: Path) -> None:
 
     view = anyio.run(session)
     assert float(view["ready_at"]) >= float(view["created_at"]) + 600  # type: ignore[arg-type]
+
+
+def test_search_over_http_and_the_cli(tmp_path: Path) -> None:
+    g = start_gateway(tmp_path / "data")
+    try:
+        with g.client("acme") as api:
+            wanted = [
+                api.post("/v1/jobs", json={"kind": "report", "session_id": "s-q", "agent_name": "ann"}).json()["job_id"]
+                for _ in range(2)
+            ]
+            batch = {"jobs": [{"kind": "echo"} for _ in range(40)]}
+            assert api.post("/v1/jobs/batch", json=batch).status_code == 202
+            api.post("/v1/jobs", json={"kind": "echo", "job_id": "find-me-7"})
+
+            def ids(**params: object) -> list[str]:
+                r = api.get("/v1/jobs", params={"limit": 10, **params})
+                assert r.status_code == 200, r.text
+                return [j["job_id"] for j in r.json()["jobs"]]
+
+            assert ids(kind="report") == wanted[::-1]
+            assert ids(session_id="s-q", agent_name="ann", status="ready") == wanted[::-1]
+            assert ids(q="find-me") == ["find-me-7"]
+            assert ids(kind="report", created_before=1) == []
+            assert len(ids(created_after=1, limit=50)) == 43
+            assert api.get("/v1/jobs", params={"created_after": "yesterday"}).status_code == 422
+        out = cli(g.data_dir, "jobs", "--tenant", "acme", "--kind", "report", "--since", "1h", "--json")
+        assert out.returncode == 0, out.stderr
+        assert [j["job_id"] for j in json.loads(out.stdout)] == wanted[::-1]
+        out = cli(g.data_dir, "jobs", "--tenant", "acme", "--search", "find-me", "--until", "2999-01-01", "--json")
+        assert [j["job_id"] for j in json.loads(out.stdout)] == ["find-me-7"]
+        bad = cli(g.data_dir, "jobs", "--since", "last tuesday")
+        assert bad.returncode != 0 and bad.stderr.startswith("error: --since")
+    finally:
+        g.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from rich.table import Column, Table
 
 from ..dispatch import Submission
 from ..errors import InvalidInput
+from ..stores.base import JobFilter
 from ..waiting import MAX_WAIT_S
 from ..workitem import Status, WorkItem
 from .app import App
@@ -56,6 +58,18 @@ def parse_when(text: str) -> float:
     except ValueError:
         raise InvalidInput(f"--at {text!r} is not an ISO 8601 time like 2026-05-01T09:30:00+02:00") from None
     return when.timestamp()
+
+
+def _moment(text: str | None, option: str) -> float | None:
+    """A point in time: ISO 8601, or a duration before now."""
+    if text is None:
+        return None
+    if _DURATION.match(text.lower()):
+        return time.time() - parse_duration(text)
+    try:
+        return parse_when(text)
+    except InvalidInput:
+        raise InvalidInput(f"{option} {text!r} is neither an ISO 8601 time nor a duration like 2h") from None
 
 
 def register(main: click.Group) -> None:
@@ -147,14 +161,33 @@ def register(main: click.Group) -> None:
 
     @main.command()
     @click.option("--status", "status_", type=STATUSES, default=None, help="Filter by status.")
+    @click.option("--kind", default=None, help="Only this kind.")
+    @click.option("--session", "session_id", default=None, help="Only this session.")
+    @click.option("--agent", "agent_name", default=None, help="Only this agent.")
+    @click.option("--since", default=None, help="Created at or after: ISO 8601 time, or a duration ago (2h).")
+    @click.option("--until", default=None, help="Created before: ISO 8601 time, or a duration ago (2h).")
+    @click.option("--search", "id_contains", default=None, help="Text in the job id.")
     @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
     @click.option("--offset", type=click.IntRange(0), default=0, show_default=True)
     @TENANT
     @JSON
     @click.pass_obj
-    def jobs(obj: App, status_: str | None, limit: int, offset: int, tenant: str, as_json: bool) -> None:
-        """List jobs, newest first."""
-        items = obj.dispatcher().jobs(tenant, Status(status_) if status_ else None, limit=limit, offset=offset)
+    def jobs(
+        obj: App,
+        /,
+        status_: str | None,
+        since: str | None,
+        until: str | None,
+        limit: int,
+        offset: int,
+        tenant: str,
+        as_json: bool,
+        **kw: Any,
+    ) -> None:
+        """List jobs, newest first; filters apply across every page."""
+        filters = JobFilter(created_from=_moment(since, "--since"), created_to=_moment(until, "--until"), **kw)
+        status = Status(status_) if status_ else None
+        items = obj.dispatcher().jobs(tenant, status, limit=limit, offset=offset, filters=filters)
         _emit([i.view() for i in items], as_json, lambda: _table(items))
 
     @main.group()

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from ..dispatch import MAX_DELAY_S, Submission
+from ..stores.base import JobFilter
 from ..waiting import MAX_WAIT_S, await_view
 from ..workitem import Status
 from .auth import Caller
@@ -183,15 +184,30 @@ def build_router(services: Services, caller_dep: Any) -> APIRouter:
         subs = [_submission(spec, caller, None) for spec in body.jobs]
         return _ok({"jobs": [h.model_dump() for h in d.submit_many(subs)]}, 202)
 
-    @router.get("/v1/jobs", response_model=JobPage, tags=["jobs"], summary="List jobs")
+    @router.get("/v1/jobs", response_model=JobPage, tags=["jobs"], summary="List and search jobs")
     def list_jobs(
         caller: CallerDep,
         status: Annotated[Status | None, Query(description="Only jobs in this status.")] = None,
+        kind: Annotated[str | None, Query(min_length=1, max_length=100, description="Only this kind.")] = None,
+        session_id: Annotated[str | None, Query(min_length=1, max_length=200, description="Only this session.")] = None,
+        agent_name: Annotated[str | None, Query(min_length=1, max_length=200, description="Only this agent.")] = None,
+        created_after: Annotated[float | None, Query(description="Created at or after this unix time.")] = None,
+        created_before: Annotated[float | None, Query(description="Created before this unix time.")] = None,
+        q: Annotated[str | None, Query(min_length=1, max_length=200, description="Text in the job id.")] = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
     ) -> Response:
-        """Jobs newest first, optionally filtered by status."""
-        items = d.jobs(caller.tenant, status, limit=limit, offset=offset)
+        """Jobs newest first; every filter is applied by the store, so a page
+        holds only matching jobs and ``more`` says whether another page may."""
+        filters = JobFilter(
+            kind=kind,
+            session_id=session_id,
+            agent_name=agent_name,
+            created_from=created_after,
+            created_to=created_before,
+            id_contains=q,
+        )
+        items = d.jobs(caller.tenant, status, limit=limit, offset=offset, filters=filters)
         page = {"limit": limit, "offset": offset, "returned": len(items), "more": len(items) == limit}
         return _ok({"jobs": [i.view() for i in items], "page": page})
 

@@ -40,6 +40,35 @@ class NewJob:
 
 
 @dataclass(frozen=True)
+class JobFilter:
+    """Server-side filters of a job listing (all optional, combined with AND)."""
+
+    kind: str | None = None
+    session_id: str | None = None
+    agent_name: str | None = None
+    #: Created at or after this unix time.
+    created_from: float | None = None
+    #: Created before this unix time.
+    created_to: float | None = None
+    #: A substring of the job id (case-sensitive).
+    id_contains: str | None = None
+
+    def params(self) -> dict[str, Any]:
+        """Named parameters of the stores' ``search`` query."""
+        return {
+            "kind": self.kind,
+            "session_id": self.session_id,
+            "agent_name": self.agent_name,
+            "created_from": self.created_from,
+            "created_to": self.created_to,
+            "id_contains": self.id_contains,
+        }
+
+    def __bool__(self) -> bool:
+        return any(v is not None for v in self.params().values())
+
+
+@dataclass(frozen=True)
 class Accepted:
     """One submission's result: the item, and whether this call created it."""
 
@@ -167,7 +196,15 @@ class Store(Protocol):
     def get(self, job_id: str, tenant: str | None) -> WorkItem:
         """Read one item (raises :class:`JobNotFound`; ``None`` tenant = admin)."""
 
-    def list_jobs(self, *, tenant: str | None, status: Status | None, limit: int, offset: int) -> list[WorkItem]:
+    def list_jobs(
+        self,
+        *,
+        tenant: str | None,
+        status: Status | None,
+        limit: int,
+        offset: int,
+        filters: JobFilter | None = None,
+    ) -> list[WorkItem]:
         """Items newest first, optionally filtered."""
 
     def counts(self, tenant: str | None) -> dict[str, int]:

@@ -25,7 +25,7 @@ from ..errors import JobNotFound, LeaseLost, TaskQueueUnavailable
 from ..sqlfiles import migrations
 from ..workitem import Lease, Outcome, Status, WorkItem
 from . import engine
-from .base import Accepted, Claim, Effect, EffectState, NewJob, SweepReport, WorkerRow
+from .base import Accepted, Claim, Effect, EffectState, JobFilter, NewJob, SweepReport, WorkerRow
 from .pg_db import Conn, PgDb, describe, scalar
 from .pg_tx import SMALL_SUBMISSION, PostgresTx, Q
 from .rows import effect_from_row, item_from_row, worker_from_row
@@ -259,14 +259,25 @@ class PostgresStore:
     def get(self, job_id: str, tenant: str | None) -> WorkItem:
         return self.db.read(lambda c: self._item(c, job_id, tenant))
 
-    def list_jobs(self, *, tenant: str | None, status: Status | None, limit: int, offset: int) -> list[WorkItem]:
-        params = {
+    def list_jobs(
+        self,
+        *,
+        tenant: str | None,
+        status: Status | None,
+        limit: int,
+        offset: int,
+        filters: JobFilter | None = None,
+    ) -> list[WorkItem]:
+        params: dict[str, Any] = {
             "tenant": tenant,
             "status": None if status is None else status.value,
             "limit": limit,
             "offset": offset,
         }
-        rows = self.db.read(lambda c: c.execute(Q["list"], params).fetchall())
+        if filters:
+            params.update(filters.params())
+        query = Q["search"] if filters else Q["list"]
+        rows = self.db.read(lambda c: c.execute(query, params).fetchall())
         return [item_from_row(r) for r in rows]
 
     def counts(self, tenant: str | None) -> dict[str, int]:

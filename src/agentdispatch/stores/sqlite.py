@@ -18,7 +18,18 @@ from ..sqlfiles import Queries, compact, migrations
 from ..sqlite_db import SqliteDb, clock
 from ..workitem import Lease, Outcome, Status, WorkItem, evolve
 from . import engine
-from .base import Accepted, Claim, Effect, EffectState, NewJob, SweepReport, WorkerRow, claim_each, commit_each
+from .base import (
+    Accepted,
+    Claim,
+    Effect,
+    EffectState,
+    JobFilter,
+    NewJob,
+    SweepReport,
+    WorkerRow,
+    claim_each,
+    commit_each,
+)
 from .rows import blocker_wait, dumps, effect_from_row, effect_params, item_from_row, mutable_params, worker_from_row
 
 _SQL_PKG = "agentdispatch.stores.sql.sqlite"
@@ -332,16 +343,24 @@ class SqliteStore:
             raise JobNotFound(job_id)
         return item_from_row(row)
 
-    def list_jobs(self, *, tenant: str | None, status: Status | None, limit: int, offset: int) -> list[WorkItem]:
-        rows = self.db.conn().execute(
-            Q["list"],
-            {
-                "tenant": tenant,
-                "status": None if status is None else status.value,
-                "limit": limit,
-                "offset": offset,
-            },
-        )
+    def list_jobs(
+        self,
+        *,
+        tenant: str | None,
+        status: Status | None,
+        limit: int,
+        offset: int,
+        filters: JobFilter | None = None,
+    ) -> list[WorkItem]:
+        params = {
+            "tenant": tenant,
+            "status": None if status is None else status.value,
+            "limit": limit,
+            "offset": offset,
+        }
+        if filters:
+            params.update(filters.params())
+        rows = self.db.conn().execute(Q["search"] if filters else Q["list"], params)
         return [item_from_row(r) for r in rows]
 
     def counts(self, tenant: str | None) -> dict[str, int]:

@@ -240,6 +240,18 @@ SELECT * FROM work_items
 WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s) AND (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY seq DESC LIMIT %(limit)s OFFSET %(offset)s
 
+-- name: search
+-- The listing with the optional filters of a search (a NULL filter is off).
+SELECT * FROM work_items
+WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s) AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+  AND (%(session_id)s::text IS NULL OR session_id = %(session_id)s)
+  AND (%(agent_name)s::text IS NULL OR agent_name = %(agent_name)s)
+  AND (%(created_from)s::float8 IS NULL OR created_at >= %(created_from)s)
+  AND (%(created_to)s::float8 IS NULL OR created_at < %(created_to)s)
+  AND (%(id_contains)s::text IS NULL OR strpos(id, %(id_contains)s) > 0)
+ORDER BY seq DESC LIMIT %(limit)s OFFSET %(offset)s
+
 -- name: counts
 SELECT status, count(*) AS n FROM work_items
 WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s) GROUP BY status

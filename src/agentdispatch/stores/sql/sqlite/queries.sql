@@ -140,6 +140,17 @@ SELECT * FROM work_items
 WHERE (:tenant IS NULL OR tenant = :tenant) AND (:status IS NULL OR status = :status)
 ORDER BY seq DESC LIMIT :limit OFFSET :offset
 
+-- name: search
+-- The listing with the optional filters of a search (a NULL filter is off).
+SELECT * FROM work_items
+WHERE (:tenant IS NULL OR tenant = :tenant) AND (:status IS NULL OR status = :status)
+  AND (:kind IS NULL OR kind = :kind) AND (:session_id IS NULL OR session_id = :session_id)
+  AND (:agent_name IS NULL OR agent_name = :agent_name)
+  AND (:created_from IS NULL OR created_at >= :created_from)
+  AND (:created_to IS NULL OR created_at < :created_to)
+  AND (:id_contains IS NULL OR instr(id, :id_contains) > 0)
+ORDER BY seq DESC LIMIT :limit OFFSET :offset
+
 -- name: counts
 SELECT status, count(*) AS n FROM work_items
 WHERE (:tenant IS NULL OR tenant = :tenant) GROUP BY status
