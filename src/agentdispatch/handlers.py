@@ -8,16 +8,17 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, EffectUnknown, LeaseLost, NonRetryableError, Retired
+from .errors import ConfigError, EffectUnknown, JobNotFound, LeaseLost, NonRetryableError, Retired
 from .lease import jsonable
 from .workitem import Outcome, WorkItem
 
 if TYPE_CHECKING:
     from .lease import LeaseGuard
+    from .stores.base import Store
 
 ENTRY_POINT_GROUP = "agentdispatch.handlers"
 log = logging.getLogger("agentdispatch.handlers")
@@ -35,6 +36,9 @@ class Turn:
     attempt: int
     agent_name: str = ""
     deadline_unix: float | None = None
+    #: The committed result of each job this one depends on, by job id (a
+    #: child runs only once every parent succeeded, so these are final).
+    parent_results: dict[str, Any] = field(default_factory=dict)
 
 
 Handler = Callable[[Turn, "LeaseGuard"], Any]
@@ -91,17 +95,18 @@ def outcome_of(
     fn = registry.get(item.kind)
     if fn is None:
         return Outcome(ok=False, error=f"unknown kind {item.kind!r}: no handler registered", retryable=False)
-    turn = Turn(
-        job_id=item.id,
-        session_id=item.session_id,
-        tenant=item.tenant,
-        kind=item.kind,
-        payload=item.payload,
-        attempt=item.attempt,
-        agent_name=item.agent_name,
-        deadline_unix=item.deadline_unix,
-    )
     try:
+        turn = Turn(
+            job_id=item.id,
+            session_id=item.session_id,
+            tenant=item.tenant,
+            kind=item.kind,
+            payload=item.payload,
+            attempt=item.attempt,
+            agent_name=item.agent_name,
+            deadline_unix=item.deadline_unix,
+            parent_results=parent_results(guard.store, item) if item.dependencies else {},
+        )
         return Outcome(ok=True, result=jsonable(run_handler(fn, turn, guard, loop)))
     except LeaseLost:
         return None
@@ -112,6 +117,18 @@ def outcome_of(
         return Outcome(ok=False, error=error, retryable=False, reason=exc.reason, retired=isinstance(exc, Retired))
     except Exception as exc:  # a handler's failure is data, not a crash
         return Outcome(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], retryable=True)
+
+
+def parent_results(store: Store, item: WorkItem) -> dict[str, Any]:
+    """The results of ``item``'s parents, read from the store (a parent that
+    vanished reads as None)."""
+    out: dict[str, Any] = {}
+    for parent in item.dependencies:
+        try:
+            out[parent] = store.get(parent, item.tenant).result
+        except JobNotFound:
+            out[parent] = None
+    return out
 
 
 def echo(turn: Turn, guard: LeaseGuard) -> Any:

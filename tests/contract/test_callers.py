@@ -140,3 +140,24 @@ def test_search_filters_apply_in_the_store(harness):
     )
     with pytest.raises(InvalidInput):
         d.jobs("t", filters=JobFilter(kind="x" * 300))
+
+
+def test_a_child_turn_sees_its_parents_results(harness):
+    reg = Registry()
+    reg.add("make", lambda turn, guard: {"from": turn.payload})
+    reg.add("gather", lambda turn, guard: {"parents": turn.parent_results, "payload": turn.payload})
+    d = harness.dispatcher()
+    a = d.submit(Submission(kind="make", tenant="t", payload="a"))
+    b = d.submit(Submission(kind="make", tenant="t", payload="b"))
+    child = d.submit(Submission(kind="gather", tenant="t", dependencies=(a.job_id, b.job_id), payload=1))
+    lone = d.submit(Submission(kind="gather", tenant="t", payload=2))
+    worker = harness.worker(reg, threads=2)
+    worker.start()
+    try:
+        for job in (child, lone):
+            wait_until(lambda job=job: harness.store.get(job.job_id, "t").status is Status.SUCCEEDED, timeout=30)
+    finally:
+        worker.stop()
+    got = harness.store.get(child.job_id, "t").result
+    assert got == {"parents": {a.job_id: {"from": "a"}, b.job_id: {"from": "b"}}, "payload": 1}
+    assert harness.store.get(lone.job_id, "t").result == {"parents": {}, "payload": 2}
