@@ -27,6 +27,7 @@ from .errors import (
     QueueFull,
     TaskQueueUnavailable,
 )
+from .schedules import ScheduleExists, ScheduleNotFound
 from .waiting import MAX_WAIT_S, is_done
 
 if TYPE_CHECKING:
@@ -91,8 +92,10 @@ def _error(resp: httpx.Response) -> AgentDispatchError:
     message = str(body.get("message") or body.get("error") or resp.reason_phrase)
     status = resp.status_code
     if status == 404 and body.get("status") == "not_found":
-        job = str(resp.request.url.path).removeprefix("/v1/jobs/").split("/")[0]
-        return JobNotFound(job)
+        path = str(resp.request.url.path)
+        if path.startswith("/v1/schedules/"):
+            return ScheduleNotFound(path.removeprefix("/v1/schedules/").split("/")[0])
+        return JobNotFound(path.removeprefix("/v1/jobs/").split("/")[0])
     if code == "idempotency_conflict":
         return IdempotencyConflict(str(body.get("job_id", "")), message=message)
     simple: dict[str, type[AgentDispatchError]] = {
@@ -101,6 +104,7 @@ def _error(resp: httpx.Response) -> AgentDispatchError:
         "invalid_input": InvalidInput,
         "invalid_request": InvalidInput,
         "queue_full": QueueFull,
+        "schedule_exists": ScheduleExists,
         "invalid_transition": InvalidTransition,
         "unavailable": TaskQueueUnavailable,
     }
@@ -163,6 +167,20 @@ class _Calls:
     @staticmethod
     def jobs(filters: Mapping[str, Any]) -> _Call:
         return _Call("GET", "/v1/jobs", params={k: v for k, v in filters.items() if v is not None})
+
+    @staticmethod
+    def schedule_add(name: str, cron: str, kind: str, fields: Mapping[str, Any]) -> _Call:
+        body = {"name": name, "cron": cron, "kind": kind, **{k: v for k, v in fields.items() if v is not None}}
+        # Not retried: a retry after a lost answer would meet its own schedule (409).
+        return _Call("POST", "/v1/schedules", body=body, idempotent=False)
+
+    @staticmethod
+    def schedule(name: str, verb: str | None) -> _Call:
+        if verb is None:
+            return _Call("GET", f"/v1/schedules/{name}")
+        if verb == "delete":
+            return _Call("DELETE", f"/v1/schedules/{name}", idempotent=False)
+        return _Call("POST", f"/v1/schedules/{name}/{verb}")
 
 
 def _handle(data: Mapping[str, Any]) -> JobHandle:
@@ -271,6 +289,31 @@ class Client:
         (filters as the query parameters of ``GET /v1/jobs``)."""
         return dict(self._call(_Calls.jobs(filters)))
 
+    def schedules(self) -> list[dict[str, Any]]:
+        """The tenant's periodic schedules."""
+        return list(self._call(_Call("GET", "/v1/schedules"))["schedules"])
+
+    def schedule_add(self, name: str, cron: str, kind: str, payload: Any = None, **fields: Any) -> dict[str, Any]:
+        """Add a schedule firing a job of ``kind`` at each tick of ``cron``
+        (fields: ``tz``, ``session_id``, ``priority``, ``agent_name``, ``paused``)."""
+        return dict(self._call(_Calls.schedule_add(name, cron, kind, {"payload": payload, **fields})))
+
+    def schedule_get(self, name: str) -> dict[str, Any]:
+        """One schedule (raises :class:`ScheduleNotFound`)."""
+        return dict(self._call(_Calls.schedule(name, None)))
+
+    def schedule_pause(self, name: str) -> dict[str, Any]:
+        """Stop firing until resumed."""
+        return dict(self._call(_Calls.schedule(name, "pause")))
+
+    def schedule_resume(self, name: str) -> dict[str, Any]:
+        """Fire again from the first tick after now."""
+        return dict(self._call(_Calls.schedule(name, "resume")))
+
+    def schedule_delete(self, name: str) -> dict[str, Any]:
+        """Delete a schedule (the jobs it fired stay)."""
+        return dict(self._call(_Calls.schedule(name, "delete")))
+
 
 class AsyncClient:
     """:class:`Client` for asyncio (``await client.submit(...)``)."""
@@ -359,3 +402,27 @@ class AsyncClient:
     async def jobs(self, **filters: Any) -> dict[str, Any]:
         """See :meth:`Client.jobs`."""
         return dict(await self._call(_Calls.jobs(filters)))
+
+    async def schedules(self) -> list[dict[str, Any]]:
+        """See :meth:`Client.schedules`."""
+        return list((await self._call(_Call("GET", "/v1/schedules")))["schedules"])
+
+    async def schedule_add(self, name: str, cron: str, kind: str, payload: Any = None, **fields: Any) -> dict[str, Any]:
+        """See :meth:`Client.schedule_add`."""
+        return dict(await self._call(_Calls.schedule_add(name, cron, kind, {"payload": payload, **fields})))
+
+    async def schedule_get(self, name: str) -> dict[str, Any]:
+        """See :meth:`Client.schedule_get`."""
+        return dict(await self._call(_Calls.schedule(name, None)))
+
+    async def schedule_pause(self, name: str) -> dict[str, Any]:
+        """See :meth:`Client.schedule_pause`."""
+        return dict(await self._call(_Calls.schedule(name, "pause")))
+
+    async def schedule_resume(self, name: str) -> dict[str, Any]:
+        """See :meth:`Client.schedule_resume`."""
+        return dict(await self._call(_Calls.schedule(name, "resume")))
+
+    async def schedule_delete(self, name: str) -> dict[str, Any]:
+        """See :meth:`Client.schedule_delete`."""
+        return dict(await self._call(_Calls.schedule(name, "delete")))

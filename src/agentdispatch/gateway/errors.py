@@ -23,6 +23,7 @@ from ..errors import (
     QueueFull,
     TaskQueueUnavailable,
 )
+from ..schedules import ScheduleExists, ScheduleNotFound
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +61,10 @@ def error_payload(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, st
     """``(http_status, body, headers)`` for a library exception (HTTP and MCP share it)."""
     if isinstance(exc, ApiError):
         return exc.status, error_body(exc.code, exc.message), exc.headers
-    if isinstance(exc, JobNotFound):
+    if isinstance(exc, (JobNotFound, ScheduleNotFound)):
         return 404, {"status": "not_found", "error": str(exc)}, {}
+    if isinstance(exc, ScheduleExists):
+        return 409, error_body("schedule_exists", str(exc)), {}
     if isinstance(exc, PayloadTooLarge):
         return 413, error_body("payload_too_large", str(exc)), {}
     if isinstance(exc, IdempotencyConflict):

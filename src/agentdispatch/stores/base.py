@@ -69,6 +69,45 @@ class JobFilter:
 
 
 @dataclass(frozen=True)
+class Schedule:
+    """A periodic schedule: one job of ``kind`` per tick of ``cron`` in ``tz``."""
+
+    tenant: str
+    name: str
+    cron: str
+    tz: str
+    kind: str
+    payload: Any
+    next_at: float
+    session_id: str | None = None
+    priority: int = 0
+    agent_name: str = ""
+    paused: bool = False
+    last_tick: float | None = None
+    last_job_id: str | None = None
+    created_at: float = 0.0
+
+    def view(self) -> dict[str, Any]:
+        """The caller-facing view."""
+        return {
+            "name": self.name,
+            "tenant": self.tenant,
+            "cron": self.cron,
+            "tz": self.tz,
+            "kind": self.kind,
+            "payload": self.payload,
+            "session_id": self.session_id,
+            "priority": self.priority,
+            "agent_name": self.agent_name,
+            "paused": self.paused,
+            "next_at": None if self.paused else self.next_at,
+            "last_tick": self.last_tick,
+            "last_job_id": self.last_job_id,
+            "created_at": self.created_at,
+        }
+
+
+@dataclass(frozen=True)
 class Accepted:
     """One submission's result: the item, and whether this call created it."""
 
@@ -257,6 +296,25 @@ class Store(Protocol):
 
     def token_lookup(self, token_hash: str) -> str | None:
         """The tenant of a live token, or None."""
+
+    def schedule_add(self, schedule: Schedule) -> bool:
+        """Store a new schedule; False (nothing written) when the name exists."""
+
+    def schedules(self, tenant: str | None) -> list[Schedule]:
+        """Schedules by name (``None`` tenant: every tenant's)."""
+
+    def schedule_update(self, tenant: str, name: str, *, paused: bool, next_at: float) -> bool:
+        """Pause or resume a schedule; False when there is no such schedule."""
+
+    def schedule_delete(self, tenant: str, name: str) -> bool:
+        """Delete a schedule; False when there is no such schedule."""
+
+    def schedules_due(self, limit: int) -> tuple[float, list[Schedule]]:
+        """Database time, and the running schedules whose next tick is due."""
+
+    def schedule_advance(self, schedule: Schedule, *, next_at: float, last_tick: float, last_job_id: str) -> bool:
+        """Move a due schedule on to ``next_at`` if its next tick is still the
+        one read (compare-and-set); False when another firer moved it first."""
 
     def outbox_take(self, limit: int) -> list[tuple[int, Envelope]]:
         """Envelope rows not yet handed to an external transport."""

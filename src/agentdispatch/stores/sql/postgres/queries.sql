@@ -303,3 +303,39 @@ SELECT value FROM dispatch_meta WHERE key = %(key)s
 
 -- name: migrate_lock
 SELECT pg_advisory_xact_lock(hashtextextended('agentdispatch.migrate:' || current_schema(), 0))
+
+-- name: schedule_add
+INSERT INTO dispatch_schedules (
+    tenant, name, cron, tz, kind, payload, session_id, priority, agent_name, paused, next_at,
+    created_at, updated_at
+) VALUES (
+    %(tenant)s, %(name)s, %(cron)s, %(tz)s, %(kind)s, %(payload)s, %(session_id)s, %(priority)s,
+    %(agent_name)s, %(paused)s, %(next_at)s, extract(epoch FROM clock_timestamp())::float8,
+    extract(epoch FROM clock_timestamp())::float8
+) ON CONFLICT (tenant, name) DO NOTHING
+
+-- name: schedules
+SELECT * FROM dispatch_schedules WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s) ORDER BY tenant, name
+
+-- name: schedule_update
+UPDATE dispatch_schedules
+SET paused = %(paused)s, next_at = %(next_at)s, updated_at = extract(epoch FROM clock_timestamp())::float8
+WHERE tenant = %(tenant)s AND name = %(name)s
+
+-- name: schedule_delete
+DELETE FROM dispatch_schedules WHERE tenant = %(tenant)s AND name = %(name)s
+
+-- name: schedules_due
+SELECT *, extract(epoch FROM clock_timestamp())::float8 AS db_now FROM dispatch_schedules
+WHERE NOT paused AND next_at <= extract(epoch FROM clock_timestamp())::float8
+ORDER BY next_at LIMIT %(limit)s
+
+-- name: db_now
+SELECT extract(epoch FROM clock_timestamp())::float8
+
+-- name: schedule_advance
+-- Compare-and-set: only the firer that read this next_at moves it on.
+UPDATE dispatch_schedules
+SET next_at = %(next_at)s, last_tick = %(last_tick)s, last_job_id = %(last_job_id)s,
+    updated_at = extract(epoch FROM clock_timestamp())::float8
+WHERE tenant = %(tenant)s AND name = %(name)s AND next_at = %(expected)s AND NOT paused

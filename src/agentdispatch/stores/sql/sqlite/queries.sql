@@ -192,3 +192,32 @@ UPDATE api_tokens SET revoked_at = ? WHERE token_id = ? AND revoked_at IS NULL
 
 -- name: token_lookup
 SELECT tenant FROM api_tokens WHERE token_hash = ? AND revoked_at IS NULL
+
+-- name: schedule_add
+INSERT OR IGNORE INTO dispatch_schedules (
+    tenant, name, cron, tz, kind, payload, session_id, priority, agent_name, paused, next_at,
+    created_at, updated_at
+) VALUES (
+    :tenant, :name, :cron, :tz, :kind, :payload, :session_id, :priority, :agent_name, :paused, :next_at,
+    :now, :now
+)
+
+-- name: schedules
+SELECT * FROM dispatch_schedules WHERE (:tenant IS NULL OR tenant = :tenant) ORDER BY tenant, name
+
+-- name: schedule_update
+UPDATE dispatch_schedules SET paused = :paused, next_at = :next_at, updated_at = :now
+WHERE tenant = :tenant AND name = :name
+
+-- name: schedule_delete
+DELETE FROM dispatch_schedules WHERE tenant = :tenant AND name = :name
+
+-- name: schedules_due
+SELECT * FROM dispatch_schedules INDEXED BY dispatch_schedules_due
+WHERE paused = 0 AND next_at <= :now ORDER BY next_at LIMIT :limit
+
+-- name: schedule_advance
+-- Compare-and-set: only the firer that read this next_at moves it on.
+UPDATE dispatch_schedules
+SET next_at = :next_at, last_tick = :last_tick, last_job_id = :last_job_id, updated_at = :now
+WHERE tenant = :tenant AND name = :name AND next_at = :expected AND paused = 0
