@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
 from agentdispatch import IdempotencyConflict, InvalidInput, QueueFull, Registry, Status, Submission, Turn
+from agentdispatch.handlers import builtins
 from agentdispatch.stores.base import ClaimKind, JobFilter
 from agentdispatch.workitem import Outcome
 
@@ -161,3 +163,41 @@ def test_a_child_turn_sees_its_parents_results(harness):
     got = harness.store.get(child.job_id, "t").result
     assert got == {"parents": {a.job_id: {"from": "a"}, b.job_id: {"from": "b"}}, "payload": 1}
     assert harness.store.get(lone.job_id, "t").result == {"parents": {}, "payload": 2}
+
+
+def test_an_early_delivery_is_not_polled_in_a_loop(harness):
+    """A delayed turn is tried a handful of times before it is due, not in a
+    loop: the SQL queues hide it until then; a Kafka worker that meets it
+    early releases it until its start time."""
+    attempts: list[str] = []
+    claim, claim_many = harness.store.claim, harness.store.claim_many
+    inside = threading.local()  # a store's claim_many may call its claim: count once
+
+    def counting_claim(job_id, tenant, **kw):  # type: ignore[no-untyped-def]
+        if not getattr(inside, "many", False):
+            attempts.append(job_id)
+        return claim(job_id, tenant, **kw)
+
+    def counting_claim_many(jobs, **kw):  # type: ignore[no-untyped-def]
+        attempts.extend(j for j, _ in jobs)
+        inside.many = True
+        try:
+            return claim_many(jobs, **kw)
+        finally:
+            inside.many = False
+
+    harness.store.claim = counting_claim  # type: ignore[method-assign]
+    harness.store.claim_many = counting_claim_many  # type: ignore[method-assign]
+    d = harness.dispatcher()
+    worker = harness.worker(builtins(), threads=2)
+    worker.start()
+    try:
+        # The worker is consuming (a Kafka consumer has joined its group)...
+        warm = d.submit(Submission(kind="echo", tenant="t"))
+        wait_until(lambda: harness.store.get(warm.job_id, "t").status is Status.SUCCEEDED, timeout=60)
+        # ...before the delayed turn arrives, seconds early.
+        late = d.submit(Submission(kind="echo", tenant="t", delay_s=3.0))
+        wait_until(lambda: harness.store.get(late.job_id, "t").status is Status.SUCCEEDED, timeout=30)
+    finally:
+        worker.stop()
+    assert 1 <= attempts.count(late.job_id) <= 3, attempts.count(late.job_id)
