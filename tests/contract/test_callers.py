@@ -201,3 +201,9 @@ def test_an_early_delivery_is_not_polled_in_a_loop(harness):
     finally:
         worker.stop()
     assert 1 <= attempts.count(late.job_id) <= 3, attempts.count(late.job_id)
+
+
+def test_an_absolute_start_time_is_kept_exactly(harness):
+    when = 4_000_000_000.25
+    job = harness.dispatcher().submit(Submission(kind="echo", tenant="t", not_before=when))
+    assert harness.store.get(job.job_id, "t").ready_at == when

@@ -144,7 +144,9 @@ class PostgresStore:
 
     # -- lifecycle --------------------------------------------------------------
     def submit(self, jobs: Sequence[NewJob], *, max_depth: int) -> list[Accepted]:
-        if len(jobs) <= SMALL_SUBMISSION and not any(j.dependencies for j in jobs):
+        # The one-statement path plans times on this host's clock and shifts them
+        # onto the database's, which would move an absolute not_before too.
+        if len(jobs) <= SMALL_SUBMISSION and not any(j.dependencies or j.not_before is not None for j in jobs):
             accepted = self._submit_new(jobs, max_depth)
             if accepted is not None:
                 return accepted
