@@ -14,8 +14,9 @@ from typing import Any
 from .envelope import MAX_PAYLOAD_BYTES, JobHandle, new_job_id
 from .errors import InvalidInput, PayloadTooLarge
 from .settings import Settings
-from .stores.base import NewJob, Store
+from .stores.base import JobFilter, NewJob, Store
 from .transports.base import Transport
+from .waiting import wait_view
 from .workitem import Status, WorkItem
 
 _IDENT = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,200}$")
@@ -23,7 +24,7 @@ _KIND = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 SUBMIT_FIELDS = frozenset(
     {
         "kind", "payload", "tenant", "session_id", "priority", "deadline_unix",
-        "dependencies", "job_id", "idempotency_key", "agent_name",
+        "dependencies", "job_id", "idempotency_key", "agent_name", "not_before", "delay_s",
     }
 )  # fmt: skip
 
@@ -42,6 +43,10 @@ class Submission:
     job_id: str | None = None
     idempotency_key: str | None = None
     agent_name: str = ""
+    #: Start no earlier than this unix time (absolute)...
+    not_before: float | None = None
+    #: ...or this many seconds after acceptance (not both).
+    delay_s: float | None = None
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, tenant: str | None = None) -> Submission:
@@ -105,6 +110,7 @@ def validate(sub: Submission, *, max_attempts: int, known_kinds: frozenset[str] 
         ):
             raise InvalidInput("deadline_unix must be a positive number of seconds since the epoch")
         deadline = float(deadline)
+    not_before, delay_s = _timing(sub.not_before, sub.delay_s)
     deps = tuple(_ident("dependency", d) for d in sub.dependencies)
     if len(deps) > 100:
         raise InvalidInput("at most 100 dependencies")
@@ -131,7 +137,43 @@ def validate(sub: Submission, *, max_attempts: int, known_kinds: frozenset[str] 
         priority=sub.priority,
         dependencies=deps,
         deadline_unix=deadline,
+        not_before=not_before,
+        delay_s=delay_s,
     )
+
+
+def _check_filters(f: JobFilter) -> None:
+    for name in ("kind", "session_id", "agent_name", "id_contains"):
+        value = getattr(f, name)
+        if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 200):
+            raise InvalidInput(f"the {name} filter must be 1-200 characters")
+    for name in ("created_from", "created_to"):
+        value = getattr(f, name)
+        if value is not None and not _number(value):
+            raise InvalidInput(f"the {name} filter must be a unix time")
+
+
+#: The longest delay a submission may ask for.
+MAX_DELAY_S = 366 * 86400.0
+
+
+def _number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _timing(not_before: Any, delay_s: Any) -> tuple[float | None, float]:
+    """Validated ``(not_before, delay_s)`` of a submission."""
+    if not_before is not None and delay_s is not None:
+        raise InvalidInput("give not_before or delay_s, not both")
+    if not_before is not None:
+        if not _number(not_before) or not 0 < not_before < 2**42:
+            raise InvalidInput("not_before must be a positive number of seconds since the epoch")
+        return float(not_before), 0.0
+    if delay_s is not None:
+        if not _number(delay_s) or not 0 <= delay_s <= MAX_DELAY_S:
+            raise InvalidInput(f"delay_s must be a number of seconds between 0 and {MAX_DELAY_S:g}")
+        return None, float(delay_s)
+    return None, 0.0
 
 
 class Dispatcher:
@@ -168,6 +210,11 @@ class Dispatcher:
         """The WorkItem view (no lease secrets); raises :class:`JobNotFound`."""
         return self.store.get(job_id, tenant).view()
 
+    def wait(self, job_id: str, tenant: str | None, timeout_s: float) -> dict[str, Any]:
+        """The job's view once it is terminal, or after ``timeout_s`` seconds
+        (at most 60) with whatever status it has then."""
+        return wait_view(lambda: self.status(job_id, tenant), timeout_s)
+
     def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> dict[str, Any]:
         """Cancel a non-terminal job; terminal jobs are returned unchanged."""
         return self.store.cancel(job_id, tenant, reason).view()
@@ -179,10 +226,18 @@ class Dispatcher:
         return item.view()
 
     def jobs(
-        self, tenant: str | None, status: Status | None = None, *, limit: int = 50, offset: int = 0
+        self,
+        tenant: str | None,
+        status: Status | None = None,
+        *,
+        limit: int = 50,
+        offset: int = 0,
+        filters: JobFilter | None = None,
     ) -> list[WorkItem]:
-        """Jobs newest first."""
-        return self.store.list_jobs(tenant=tenant, status=status, limit=limit, offset=offset)
+        """Jobs newest first, filtered in the store (so across every page)."""
+        if filters:
+            _check_filters(filters)
+        return self.store.list_jobs(tenant=tenant, status=status, limit=limit, offset=offset, filters=filters)
 
     def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
         """A job's events and side-effect ledger."""

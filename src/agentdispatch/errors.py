@@ -10,6 +10,7 @@
      +-- InvalidInput             bad caller input (payload, kind, ids...)
      |    +-- InvalidEnvelope     an envelope failed validation (poison)
      |    +-- PayloadTooLarge     payload over 1 MiB
+     |    +-- IdempotencyConflict a known job id or key with a different body
      +-- JobNotFound              unknown job id, or another tenant's job
      +-- InvalidTransition        the state machine refused a move
      |    +-- OutcomeConflict     a terminal item was committed differently
@@ -53,6 +54,20 @@ class InvalidEnvelope(InvalidInput):
 
 class PayloadTooLarge(InvalidInput):
     """The payload is larger than the 1 MiB limit."""
+
+
+class IdempotencyConflict(InvalidInput):
+    """A submission reused the job id (or idempotency key) of an existing job
+    with a different body; nothing was written (HTTP 409 ``idempotency_conflict``)."""
+
+    def __init__(self, job_id: str, fields: tuple[str, ...] = (), *, message: str | None = None) -> None:
+        super().__init__(
+            message
+            or f"job {job_id} already exists with a different {', '.join(fields) or 'body'}; "
+            "use a new idempotency key (or job id) for a different submission"
+        )
+        self.job_id = job_id
+        self.fields = fields
 
 
 class JobNotFound(AgentDispatchError):

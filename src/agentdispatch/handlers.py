@@ -8,16 +8,17 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, EffectUnknown, LeaseLost, NonRetryableError, Retired
+from .errors import ConfigError, EffectUnknown, JobNotFound, LeaseLost, NonRetryableError, Retired
 from .lease import jsonable
 from .workitem import Outcome, WorkItem
 
 if TYPE_CHECKING:
     from .lease import LeaseGuard
+    from .stores.base import Store
 
 ENTRY_POINT_GROUP = "agentdispatch.handlers"
 log = logging.getLogger("agentdispatch.handlers")
@@ -37,6 +38,9 @@ class Turn:
     deadline_unix: float | None = None
     #: What an earlier attempt saved with ``guard.checkpoint`` (None: start afresh).
     checkpoint: Any = None
+    #: The committed result of each job this one depends on, by job id (a
+    #: child runs only once every parent succeeded, so these are final).
+    parent_results: dict[str, Any] = field(default_factory=dict)
 
 
 Handler = Callable[[Turn, "LeaseGuard"], Any]
@@ -99,8 +103,9 @@ def run_handler(fn: Handler, turn: Turn, guard: LeaseGuard, loop: asyncio.Abstra
     return result
 
 
-def turn_of(item: WorkItem) -> Turn:
-    """What the handler of ``item`` receives."""
+def turn_of(item: WorkItem, store: Store | None = None) -> Turn:
+    """What the handler of ``item`` receives (its parents' results read from
+    ``store`` when it has dependencies)."""
     return Turn(
         job_id=item.id,
         session_id=item.session_id,
@@ -111,6 +116,7 @@ def turn_of(item: WorkItem) -> Turn:
         agent_name=item.agent_name,
         deadline_unix=item.deadline_unix,
         checkpoint=item.checkpoint,
+        parent_results=parent_results(store, item) if store is not None and item.dependencies else {},
     )
 
 
@@ -142,9 +148,21 @@ def outcome_of(
     if fn is None:
         return unknown_kind(item.kind)
     try:
-        return Outcome(ok=True, result=jsonable(run_handler(fn, turn_of(item), guard, loop)))
+        return Outcome(ok=True, result=jsonable(run_handler(fn, turn_of(item, guard.store), guard, loop)))
     except Exception as exc:
         return failure_outcome(exc)
+
+
+def parent_results(store: Store, item: WorkItem) -> dict[str, Any]:
+    """The results of ``item``'s parents, read from the store (a parent that
+    vanished reads as None)."""
+    out: dict[str, Any] = {}
+    for parent in item.dependencies:
+        try:
+            out[parent] = store.get(parent, item.tenant).result
+        except JobNotFound:
+            out[parent] = None
+    return out
 
 
 def echo(turn: Turn, guard: LeaseGuard) -> Any:

@@ -11,7 +11,10 @@ from mcp.server.mcpserver import MCPServer
 
 from .dispatch import Dispatcher, Submission
 
-SUBMIT_ARGS = ("kind", "payload", "task", "session_id", "priority", "deadline_unix", "dependencies", "job_id")
+SUBMIT_ARGS = (
+    "kind", "payload", "task", "session_id", "priority", "deadline_unix", "dependencies", "job_id",
+    "not_before", "delay_s",
+)  # fmt: skip
 
 
 async def _answer(fn: Callable[[], Any]) -> dict[str, Any]:
@@ -51,8 +54,12 @@ def build_server(dispatcher: Dispatcher, *, tenant: str) -> MCPServer[Any]:
         job_id: str | None = None,
         idempotency_key: str | None = None,
         reason: str | None = None,
+        not_before: float | None = None,
+        delay_s: float | None = None,
     ) -> dict[str, Any]:
-        """Dispatch a turn (returns its job handle), or read / cancel a job by job_id."""
+        """Dispatch a turn (returns its job handle), or read / cancel a job by job_id.
+        A turn starts no earlier than ``not_before`` (unix time) or ``delay_s``
+        seconds from now."""
         if action == "dispatch":
             given = dict(locals())
             data = {k: given[k] for k in SUBMIT_ARGS if given[k] is not None}

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
+from .dispatch import Dispatcher
 from .errors import AgentDispatchError
 from .policy import sweep_every
+from .schedules import FIRE_EVERY_S, Schedules
+from .settings import Settings, load_settings
 from .stores.base import Store, SweepReport
 from .transports.base import Transport
 
@@ -22,12 +26,17 @@ def reconcile_once(store: Store, transport: Transport) -> SweepReport:
 
 
 class Reconciler:
-    """A background thread running :func:`reconcile_once` periodically."""
+    """A background thread running :func:`reconcile_once` periodically, and
+    firing due periodic schedules (:mod:`agentdispatch.schedules`) every
+    second between passes. ``settings`` bound the jobs it fires (admission,
+    attempts); without them the process's environment is read on first use."""
 
-    def __init__(self, store: Store, transport: Transport, ttl_s: float) -> None:
+    def __init__(self, store: Store, transport: Transport, ttl_s: float, settings: Settings | None = None) -> None:
         self.store = store
         self.transport = transport
+        self.settings = settings
         self.every = sweep_every(ttl_s)
+        self._schedules: Schedules | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
         self.passes = 0
@@ -43,7 +52,12 @@ class Reconciler:
         self._thread.join(timeout=10)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.every):
+        next_sweep = time.monotonic() + self.every
+        while not self._stop.wait(max(0.0, min(FIRE_EVERY_S, next_sweep - time.monotonic()))):
+            self._fire()
+            if time.monotonic() < next_sweep:
+                continue
+            next_sweep = time.monotonic() + self.every
             try:
                 report = reconcile_once(self.store, self.transport)
                 self.passes += 1
@@ -51,3 +65,14 @@ class Reconciler:
                     log.info("reconciler repaired %s", report)
             except AgentDispatchError as exc:
                 log.warning("reconciler pass failed: %s", exc)
+
+    def _fire(self) -> None:
+        try:
+            if self._schedules is None:
+                settings = self.settings if self.settings is not None else load_settings()
+                self._schedules = Schedules(Dispatcher(self.store, self.transport, settings))
+            self._schedules.fire_due()
+        except AgentDispatchError as exc:
+            log.warning("schedule pass failed: %s", exc)
+        except Exception:  # the reconciler must outlive a bad schedule row
+            log.exception("schedule pass failed")

@@ -184,8 +184,10 @@ def new_item(
     priority: int = 0,
     dependencies: tuple[str, ...] = (),
     deadline_unix: float | None = None,
+    start_at: float | None = None,
 ) -> WorkItem:
-    """A freshly accepted item: ``submitted`` when it waits on dependencies."""
+    """A freshly accepted item: ``submitted`` when it waits on dependencies;
+    not claimable before ``start_at`` (a delayed turn)."""
     return WorkItem(
         id=job_id,
         tenant=tenant,
@@ -194,7 +196,7 @@ def new_item(
         payload=payload,
         status=Status.SUBMITTED if dependencies else Status.READY,
         created_at=now,
-        ready_at=now,
+        ready_at=now if start_at is None else max(now, start_at),
         updated_at=now,
         max_attempts=max_attempts,
         agent_name=agent_name,
@@ -227,7 +229,8 @@ def dependency_decision(dep_statuses: list[Status | None]) -> str:
 def release(item: WorkItem, now: float) -> WorkItem:
     """submitted -> ready: the last dependency succeeded."""
     _require(item, Status.SUBMITTED)
-    return evolve(item, status=Status.READY, ready_at=now, updated_at=now)
+    # A delayed item keeps its start time: it may not run before it.
+    return evolve(item, status=Status.READY, ready_at=max(now, item.ready_at), updated_at=now)
 
 
 def claim(item: WorkItem, *, owner: str, token: str, now: float, ttl_s: float) -> WorkItem:

@@ -80,6 +80,7 @@ def test_dashboard_shows_jobs_and_replays_the_dead_letter_queue(setup: tuple[Gat
     dead = _dead_letter_via_worker(h, "acme")
     with gw.client("acme") as api:
         fresh = api.post("/v1/jobs", json={"kind": "echo", "payload": {"hello": "world"}}).json()["job_id"]
+        delayed = api.post("/v1/jobs", json={"kind": "other", "delay_s": 7200}).json()["job_id"]
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "401" not in m.text else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
@@ -99,6 +100,12 @@ def test_dashboard_shows_jobs_and_replays_the_dead_letter_queue(setup: tuple[Gat
     # Search narrows the table to the matching job.
     page.fill("#search", "echo")
     expect(page.locator("#jobs tr.row")).to_have_count(1)
+    # Prefixed filters search the store: the delayed job shows when it starts.
+    page.fill("#search", f"kind:other id:{delayed[-12:]}")
+    expect(page.locator("#jobs tr.row")).to_have_count(1)
+    expect(page.locator(f'#jobs tr[data-job="{delayed}"]')).to_contain_text("starts")
+    page.fill("#search", "kind:no-such-kind")
+    expect(page.locator("#jobs tr.row")).to_have_count(0)
     page.fill("#search", "")
 
     # The dead letter's history: attempts, leases, the side-effect ledger, the outcome.

@@ -14,13 +14,16 @@ import agentdispatch
 
 PINNED = [
     "AgentDispatchError",
+    "AsyncClient",
     "AsyncWorker",
+    "Client",
     "ConfigError",
     "DepthUnavailable",
     "Dispatcher",
     "EffectUnknown",
     "Envelope",
     "Fence",
+    "IdempotencyConflict",
     "InvalidEnvelope",
     "InvalidInput",
     "InvalidTransition",

@@ -49,9 +49,9 @@ def emit(data: Any, as_json: bool, human: Callable[[], None]) -> None:
 
 
 def _register() -> None:
-    from . import demo, doctor, gateway, intake, jobs, worker
+    from . import demo, doctor, gateway, intake, jobs, schedule, worker
 
-    for module in (jobs, worker, demo, doctor, gateway, intake):
+    for module in (jobs, schedule, worker, demo, doctor, gateway, intake):
         module.register(main)
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,8 @@ from rich.table import Column, Table
 
 from ..dispatch import Submission
 from ..errors import InvalidInput
+from ..stores.base import JobFilter
+from ..waiting import MAX_WAIT_S
 from ..workitem import Status, WorkItem
 from .app import App
 
@@ -34,6 +39,39 @@ def _table(items: list[WorkItem]) -> None:
     Console().print(table)
 
 
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """``30s``, ``5m``, ``2h``, ``1d`` or plain seconds."""
+    m = _DURATION.match(text.lower())
+    if m is None:
+        raise InvalidInput(f"--delay {text!r} is not a duration like 30s, 5m, 2h or 1d")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def parse_when(text: str) -> float:
+    """An ISO 8601 time as unix seconds; without an offset it is local time."""
+    try:
+        when = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise InvalidInput(f"--at {text!r} is not an ISO 8601 time like 2026-05-01T09:30:00+02:00") from None
+    return when.timestamp()
+
+
+def _moment(text: str | None, option: str) -> float | None:
+    """A point in time: ISO 8601, or a duration before now."""
+    if text is None:
+        return None
+    if _DURATION.match(text.lower()):
+        return time.time() - parse_duration(text)
+    try:
+        return parse_when(text)
+    except InvalidInput:
+        raise InvalidInput(f"{option} {text!r} is neither an ISO 8601 time nor a duration like 2h") from None
+
+
 def register(main: click.Group) -> None:
     """Attach the commands to ``main``."""
 
@@ -48,6 +86,8 @@ def register(main: click.Group) -> None:
     @click.option("--depends-on", "dependencies", multiple=True, help="Job id this one waits for (repeatable).")
     @click.option("--job-id", default=None, help="Caller-chosen id (a retry returns the same job).")
     @click.option("--idempotency-key", default=None, help="Derive the job id from this key.")
+    @click.option("--delay", default=None, help="Start no earlier than this from now: 30s, 5m, 2h, 1d.")
+    @click.option("--at", "at", default=None, help="Start no earlier than this ISO 8601 time (local if no offset).")
     @click.option("--app", "app_spec", default=None, help="module:registry to check kinds [env: AGENT_DISPATCH_APP].")
     @TENANT
     @JSON
@@ -67,6 +107,11 @@ def register(main: click.Group) -> None:
         except ValueError:
             raise InvalidInput("--payload is not valid JSON") from None
         obj.app_spec = app_spec
+        delay, at = kw.pop("delay"), kw.pop("at")
+        if delay is not None and at is not None:
+            raise InvalidInput("give --delay or --at, not both")
+        kw["delay_s"] = None if delay is None else parse_duration(delay)
+        kw["not_before"] = None if at is None else parse_when(at)
         sub = Submission(kind=kind, payload=body, tenant=tenant, **{**kw, "dependencies": tuple(kw["dependencies"])})
         handle = obj.dispatcher(check_kinds=True).submit(sub)
         _emit(handle.model_dump(), as_json, lambda: click.echo(handle.job_id))
@@ -74,12 +119,21 @@ def register(main: click.Group) -> None:
     @main.command()
     @click.argument("job_id")
     @click.option("--history", is_flag=True, help="Include events and the side-effect ledger.")
+    @click.option(
+        "--wait",
+        "wait_s",
+        type=click.FloatRange(0, MAX_WAIT_S),
+        default=0,
+        help=f"Seconds (at most {MAX_WAIT_S:g}) to wait for the job to end first.",
+    )
     @TENANT
     @JSON
     @click.pass_obj
-    def status(obj: App, job_id: str, tenant: str, history: bool, as_json: bool) -> None:
-        """Show one job."""
+    def status(obj: App, job_id: str, tenant: str, history: bool, wait_s: float, as_json: bool) -> None:
+        """Show one job (with --wait: once it ended, or when the wait is over)."""
         d = obj.dispatcher()
+        if wait_s > 0:
+            d.wait(job_id, tenant, wait_s)
         view: dict[str, Any] = d.history(job_id, tenant) if history else d.status(job_id, tenant)
 
         def human() -> None:
@@ -107,14 +161,33 @@ def register(main: click.Group) -> None:
 
     @main.command()
     @click.option("--status", "status_", type=STATUSES, default=None, help="Filter by status.")
+    @click.option("--kind", default=None, help="Only this kind.")
+    @click.option("--session", "session_id", default=None, help="Only this session.")
+    @click.option("--agent", "agent_name", default=None, help="Only this agent.")
+    @click.option("--since", default=None, help="Created at or after: ISO 8601 time, or a duration ago (2h).")
+    @click.option("--until", default=None, help="Created before: ISO 8601 time, or a duration ago (2h).")
+    @click.option("--search", "id_contains", default=None, help="Text in the job id.")
     @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
     @click.option("--offset", type=click.IntRange(0), default=0, show_default=True)
     @TENANT
     @JSON
     @click.pass_obj
-    def jobs(obj: App, status_: str | None, limit: int, offset: int, tenant: str, as_json: bool) -> None:
-        """List jobs, newest first."""
-        items = obj.dispatcher().jobs(tenant, Status(status_) if status_ else None, limit=limit, offset=offset)
+    def jobs(
+        obj: App,
+        /,
+        status_: str | None,
+        since: str | None,
+        until: str | None,
+        limit: int,
+        offset: int,
+        tenant: str,
+        as_json: bool,
+        **kw: Any,
+    ) -> None:
+        """List jobs, newest first; filters apply across every page."""
+        filters = JobFilter(created_from=_moment(since, "--since"), created_to=_moment(until, "--until"), **kw)
+        status = Status(status_) if status_ else None
+        items = obj.dispatcher().jobs(tenant, status, limit=limit, offset=offset, filters=filters)
         _emit([i.view() for i in items], as_json, lambda: _table(items))
 
     @main.group()

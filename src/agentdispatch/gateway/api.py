@@ -8,8 +8,11 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
-from ..dispatch import Submission
+from ..dispatch import MAX_DELAY_S, Submission
+from ..stores.base import JobFilter
+from ..waiting import MAX_WAIT_S, await_view
 from ..workitem import Status
 from .auth import Caller
 from .errors import ApiError
@@ -35,6 +38,10 @@ class JobSpec(BaseModel):
     job_id: Ident | None = Field(default=None, description="Caller-chosen id; a repeat returns the same job.")
     idempotency_key: Ident | None = Field(default=None, description="Derives the job id; a repeat is a no-op.")
     agent_name: str = Field(default="", max_length=200)
+    not_before: float | None = Field(default=None, gt=0, description="Start no earlier than this unix time.")
+    delay_s: float | None = Field(
+        default=None, ge=0, le=MAX_DELAY_S, description="Start this many seconds after acceptance."
+    )
 
 
 class GraphRequest(JobSpec):
@@ -61,6 +68,19 @@ class JobHandleOut(BaseModel):
     status: str
     status_url: str
     status_request: dict[str, Any]
+
+
+class BatchRequest(BaseModel):
+    """Many submissions, accepted all or nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+    jobs: list[JobSpec] = Field(min_length=1, max_length=500)
+
+
+class BatchOut(BaseModel):
+    """The handles of a batch, in submission order."""
+
+    jobs: list[JobHandleOut]
 
 
 class JobView(BaseModel):
@@ -155,22 +175,61 @@ def build_router(services: Services, caller_dep: Any) -> APIRouter:
         """Accept one turn; answers once it is durable."""
         return _ok(d.submit(_submission(body, caller, idempotency_key)).model_dump(), 202)
 
-    @router.get("/v1/jobs", response_model=JobPage, tags=["jobs"], summary="List jobs")
+    @router.post(
+        "/v1/jobs/batch", status_code=202, response_model=BatchOut, tags=["jobs"], summary="Submit jobs together"
+    )
+    def create_jobs(body: BatchRequest, caller: CallerDep) -> Response:
+        """Accept many turns in one transaction (all or nothing); a job's
+        ``idempotency_key`` or ``job_id`` makes a retried batch return the same jobs."""
+        subs = [_submission(spec, caller, None) for spec in body.jobs]
+        return _ok({"jobs": [h.model_dump() for h in d.submit_many(subs)]}, 202)
+
+    @router.get("/v1/jobs", response_model=JobPage, tags=["jobs"], summary="List and search jobs")
     def list_jobs(
         caller: CallerDep,
         status: Annotated[Status | None, Query(description="Only jobs in this status.")] = None,
+        kind: Annotated[str | None, Query(min_length=1, max_length=100, description="Only this kind.")] = None,
+        session_id: Annotated[str | None, Query(min_length=1, max_length=200, description="Only this session.")] = None,
+        agent_name: Annotated[str | None, Query(min_length=1, max_length=200, description="Only this agent.")] = None,
+        created_after: Annotated[float | None, Query(description="Created at or after this unix time.")] = None,
+        created_before: Annotated[float | None, Query(description="Created before this unix time.")] = None,
+        q: Annotated[str | None, Query(min_length=1, max_length=200, description="Text in the job id.")] = None,
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         offset: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
     ) -> Response:
-        """Jobs newest first, optionally filtered by status."""
-        items = d.jobs(caller.tenant, status, limit=limit, offset=offset)
+        """Jobs newest first; every filter is applied by the store, so a page
+        holds only matching jobs and ``more`` says whether another page may."""
+        filters = JobFilter(
+            kind=kind,
+            session_id=session_id,
+            agent_name=agent_name,
+            created_from=created_after,
+            created_to=created_before,
+            id_contains=q,
+        )
+        items = d.jobs(caller.tenant, status, limit=limit, offset=offset, filters=filters)
         page = {"limit": limit, "offset": offset, "returned": len(items), "more": len(items) == limit}
         return _ok({"jobs": [i.view() for i in items], "page": page})
 
     @router.get("/v1/jobs/{job_id}", response_model=JobView, tags=["jobs"], summary="Read a job")
-    def get_job(job_id: str, caller: CallerDep) -> Response:
-        """The WorkItem view of one job."""
-        return _ok(d.status(job_id, caller.tenant))
+    async def get_job(
+        job_id: str,
+        caller: CallerDep,
+        wait: Annotated[
+            float,
+            Query(ge=0, le=MAX_WAIT_S, description="Seconds to wait for the job to end (long-poll)."),
+        ] = 0,
+    ) -> Response:
+        """The WorkItem view of one job; with ``wait``, answered once the job is
+        terminal or the wait is over (whatever its status then)."""
+
+        async def read() -> dict[str, Any]:
+            # The token lookup (first use of caller.tenant) runs in the thread too.
+            return await run_in_threadpool(lambda: d.status(job_id, caller.tenant))
+
+        if wait <= 0:
+            return _ok(await read())
+        return _ok(await await_view(read, wait))
 
     @router.get("/v1/jobs/{job_id}/history", tags=["jobs"], summary="A job's history")
     def job_history(job_id: str, caller: CallerDep) -> Response:

@@ -13,7 +13,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from . import api, errors, intake, ops
+from ..schedules import Firer
+from . import api, errors, intake, ops, schedules_api
 from .auth import Caller, authenticate
 from .services import Services
 
@@ -79,9 +80,12 @@ def create_app(services: Services) -> FastAPI:
         cfg = services.settings
         scrubber = intake.Scrubber(services.store, every_s=cfg.intake_scrub_every_s, retention_s=cfg.intake_scrub_age_s)
         scrubber.start()
+        # Gateways fire periodic schedules too (workers do beside their reconciler).
+        firer = Firer(services.dispatcher).start()
         try:
             yield
         finally:
+            firer.stop()
             scrubber.stop()
 
     app = FastAPI(
@@ -116,6 +120,7 @@ def create_app(services: Services) -> FastAPI:
 
     app.include_router(api.build_router(services, caller))
     app.include_router(ops.build_router(services, caller))
+    app.include_router(schedules_api.build_router(services, caller))
     # Durable intake (another module) plugs in here with one line:
     app.include_router(intake.build_router(services))
     _dashboard(app)

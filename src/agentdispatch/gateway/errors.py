@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import (
     AgentDispatchError,
+    IdempotencyConflict,
     InvalidInput,
     InvalidTransition,
     JobNotFound,
@@ -22,6 +23,7 @@ from ..errors import (
     QueueFull,
     TaskQueueUnavailable,
 )
+from ..schedules import ScheduleExists, ScheduleNotFound
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +61,14 @@ def error_payload(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, st
     """``(http_status, body, headers)`` for a library exception (HTTP and MCP share it)."""
     if isinstance(exc, ApiError):
         return exc.status, error_body(exc.code, exc.message), exc.headers
-    if isinstance(exc, JobNotFound):
+    if isinstance(exc, (JobNotFound, ScheduleNotFound)):
         return 404, {"status": "not_found", "error": str(exc)}, {}
+    if isinstance(exc, ScheduleExists):
+        return 409, error_body("schedule_exists", str(exc)), {}
     if isinstance(exc, PayloadTooLarge):
         return 413, error_body("payload_too_large", str(exc)), {}
+    if isinstance(exc, IdempotencyConflict):
+        return 409, error_body("idempotency_conflict", str(exc), job_id=exc.job_id), {}
     if isinstance(exc, InvalidInput):
         return 400, error_body("invalid_input", str(exc)), {}
     if isinstance(exc, QueueFull):

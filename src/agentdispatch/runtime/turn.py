@@ -66,7 +66,7 @@ def is_async(fn: Any) -> bool:
 
 async def call_handler(fn: Handler, r: Running, pool: Executor) -> Any:
     """The handler's result: awaited on the loop, or run in ``pool``."""
-    turn = turn_of(r.item)
+    turn = turn_of(r.item, r.guard.store)
     if is_async(fn):
         result = await fn(turn, r.guard)
     else:

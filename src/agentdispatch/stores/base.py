@@ -33,6 +33,78 @@ class NewJob:
     priority: int = 0
     dependencies: tuple[str, ...] = ()
     deadline_unix: float | None = None
+    #: Not claimable before this unix time (absolute), nor before ``delay_s``
+    #: seconds after acceptance (by the store's clock); both default to now.
+    not_before: float | None = None
+    delay_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    """Server-side filters of a job listing (all optional, combined with AND)."""
+
+    kind: str | None = None
+    session_id: str | None = None
+    agent_name: str | None = None
+    #: Created at or after this unix time.
+    created_from: float | None = None
+    #: Created before this unix time.
+    created_to: float | None = None
+    #: A substring of the job id (case-sensitive).
+    id_contains: str | None = None
+
+    def params(self) -> dict[str, Any]:
+        """Named parameters of the stores' ``search`` query."""
+        return {
+            "kind": self.kind,
+            "session_id": self.session_id,
+            "agent_name": self.agent_name,
+            "created_from": self.created_from,
+            "created_to": self.created_to,
+            "id_contains": self.id_contains,
+        }
+
+    def __bool__(self) -> bool:
+        return any(v is not None for v in self.params().values())
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A periodic schedule: one job of ``kind`` per tick of ``cron`` in ``tz``."""
+
+    tenant: str
+    name: str
+    cron: str
+    tz: str
+    kind: str
+    payload: Any
+    next_at: float
+    session_id: str | None = None
+    priority: int = 0
+    agent_name: str = ""
+    paused: bool = False
+    last_tick: float | None = None
+    last_job_id: str | None = None
+    created_at: float = 0.0
+
+    def view(self) -> dict[str, Any]:
+        """The caller-facing view."""
+        return {
+            "name": self.name,
+            "tenant": self.tenant,
+            "cron": self.cron,
+            "tz": self.tz,
+            "kind": self.kind,
+            "payload": self.payload,
+            "session_id": self.session_id,
+            "priority": self.priority,
+            "agent_name": self.agent_name,
+            "paused": self.paused,
+            "next_at": None if self.paused else self.next_at,
+            "last_tick": self.last_tick,
+            "last_job_id": self.last_job_id,
+            "created_at": self.created_at,
+        }
 
 
 @dataclass(frozen=True)
@@ -169,7 +241,15 @@ class Store(Protocol):
     def get(self, job_id: str, tenant: str | None) -> WorkItem:
         """Read one item (raises :class:`JobNotFound`; ``None`` tenant = admin)."""
 
-    def list_jobs(self, *, tenant: str | None, status: Status | None, limit: int, offset: int) -> list[WorkItem]:
+    def list_jobs(
+        self,
+        *,
+        tenant: str | None,
+        status: Status | None,
+        limit: int,
+        offset: int,
+        filters: JobFilter | None = None,
+    ) -> list[WorkItem]:
         """Items newest first, optionally filtered."""
 
     def counts(self, tenant: str | None) -> dict[str, int]:
@@ -227,6 +307,25 @@ class Store(Protocol):
 
     def token_lookup(self, token_hash: str) -> str | None:
         """The tenant of a live token, or None."""
+
+    def schedule_add(self, schedule: Schedule) -> bool:
+        """Store a new schedule; False (nothing written) when the name exists."""
+
+    def schedules(self, tenant: str | None) -> list[Schedule]:
+        """Schedules by name (``None`` tenant: every tenant's)."""
+
+    def schedule_update(self, tenant: str, name: str, *, paused: bool, next_at: float) -> bool:
+        """Pause or resume a schedule; False when there is no such schedule."""
+
+    def schedule_delete(self, tenant: str, name: str) -> bool:
+        """Delete a schedule; False when there is no such schedule."""
+
+    def schedules_due(self, limit: int) -> tuple[float, list[Schedule]]:
+        """Database time, and the running schedules whose next tick is due."""
+
+    def schedule_advance(self, schedule: Schedule, *, next_at: float, last_tick: float, last_job_id: str) -> bool:
+        """Move a due schedule on to ``next_at`` if its next tick is still the
+        one read (compare-and-set); False when another firer moved it first."""
 
     def outbox_take(self, limit: int) -> list[tuple[int, Envelope]]:
         """Envelope rows not yet handed to an external transport."""

@@ -8,13 +8,14 @@ only supplies the SQL of :class:`Tx`.
 
 from __future__ import annotations
 
+import json
 import secrets
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from .. import workitem as wi
 from ..envelope import Envelope
-from ..errors import EffectUnknown, InvalidInput, JobNotFound, LeaseLost, QueueFull
+from ..errors import EffectUnknown, IdempotencyConflict, InvalidInput, JobNotFound, LeaseLost, QueueFull
 from ..policy import backoff_delay
 from ..workitem import Lease, Outcome, Status, WorkItem
 from .base import Accepted, Claim, ClaimKind, Effect, EffectState, NewJob, SweepReport
@@ -121,6 +122,43 @@ def _owned(tx: Tx, job_id: str, tenant: str | None) -> WorkItem:
     return item
 
 
+def _canon(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def body_differences(item: WorkItem, job: NewJob) -> tuple[str, ...]:
+    """The fields in which a repeated submission differs from the job it
+    names (empty: the same body). Times are left out: a retried relative
+    delay is computed afresh, and retry budgets come from settings."""
+    diffs = [
+        name
+        for name, mine, theirs in (
+            ("kind", item.kind, job.kind),
+            ("session_id", item.session_id, job.session_id),
+            ("agent_name", item.agent_name, job.agent_name),
+            ("priority", item.priority, job.priority),
+            ("deadline_unix", item.deadline_unix, job.deadline_unix),
+            ("dependencies", tuple(item.dependencies), tuple(job.dependencies)),
+        )
+        if mine != theirs
+    ]
+    if _canon(item.payload) != _canon(job.payload):
+        diffs.append("payload")
+    return tuple(diffs)
+
+
+def _same_body(item: WorkItem, job: NewJob) -> None:
+    diffs = body_differences(item, job)
+    if diffs:
+        raise IdempotencyConflict(job.job_id, diffs)
+
+
+def _start_at(job: NewJob, now: float) -> float | None:
+    if job.not_before is None and job.delay_s <= 0:
+        return None
+    return max(now + job.delay_s, job.not_before or 0.0)
+
+
 def queue_full(depth: int, max_depth: int) -> QueueFull:
     """The refusal of a submission that ``depth`` active items leave no room for."""
     return QueueFull(f"queue full: {depth} active turns, bound AGENT_DISPATCH_MAX_DEPTH={max_depth}")
@@ -140,6 +178,7 @@ def submit(tx: Tx, jobs: Sequence[NewJob], max_depth: int) -> list[Accepted]:
         elif item.tenant != job.tenant:
             raise InvalidInput(f"job id {job.job_id} is not available")
         else:
+            _same_body(item, job)
             existing[job.job_id] = item
     if fresh:
         # A backend may compare without a global lock when told what it admits.
@@ -155,6 +194,7 @@ def submit(tx: Tx, jobs: Sequence[NewJob], max_depth: int) -> list[Accepted]:
         if known is not None:
             if known.tenant != job.tenant:
                 raise InvalidInput(f"job id {job.job_id} is not available")
+            _same_body(known, job)
             out.append(Accepted(known, created=False))
             continue
         item = wi.new_item(
@@ -169,6 +209,7 @@ def submit(tx: Tx, jobs: Sequence[NewJob], max_depth: int) -> list[Accepted]:
             priority=job.priority,
             dependencies=job.dependencies,
             deadline_unix=job.deadline_unix,
+            start_at=_start_at(job, now),
         )
         decision = "release"
         if job.dependencies:

@@ -25,10 +25,10 @@ from ..errors import JobNotFound, LeaseLost, TaskQueueUnavailable
 from ..sqlfiles import migrations
 from ..workitem import Lease, Outcome, Status, WorkItem
 from . import engine
-from .base import Accepted, Claim, Effect, EffectState, NewJob, SweepReport, WorkerRow
+from .base import Accepted, Claim, Effect, EffectState, JobFilter, NewJob, Schedule, SweepReport, WorkerRow
 from .pg_db import Conn, PgDb, describe, scalar
 from .pg_tx import SMALL_SUBMISSION, PostgresTx, Q
-from .rows import effect_from_row, item_from_row, worker_from_row
+from .rows import advance_params, effect_from_row, item_from_row, schedule_from_row, schedule_params, worker_from_row
 
 T = TypeVar("T")
 _SQL_PKG = "agentdispatch.stores.sql.postgres"
@@ -146,7 +146,9 @@ class PostgresStore:
 
     # -- lifecycle --------------------------------------------------------------
     def submit(self, jobs: Sequence[NewJob], *, max_depth: int) -> list[Accepted]:
-        if len(jobs) <= SMALL_SUBMISSION and not any(j.dependencies for j in jobs):
+        # The one-statement path plans times on this host's clock and shifts them
+        # onto the database's, which would move an absolute not_before too.
+        if len(jobs) <= SMALL_SUBMISSION and not any(j.dependencies or j.not_before is not None for j in jobs):
             accepted = self._submit_new(jobs, max_depth)
             if accepted is not None:
                 return accepted
@@ -271,14 +273,25 @@ class PostgresStore:
     def get(self, job_id: str, tenant: str | None) -> WorkItem:
         return self.db.read(lambda c: self._item(c, job_id, tenant))
 
-    def list_jobs(self, *, tenant: str | None, status: Status | None, limit: int, offset: int) -> list[WorkItem]:
-        params = {
+    def list_jobs(
+        self,
+        *,
+        tenant: str | None,
+        status: Status | None,
+        limit: int,
+        offset: int,
+        filters: JobFilter | None = None,
+    ) -> list[WorkItem]:
+        params: dict[str, Any] = {
             "tenant": tenant,
             "status": None if status is None else status.value,
             "limit": limit,
             "offset": offset,
         }
-        rows = self.db.read(lambda c: c.execute(Q["list"], params).fetchall())
+        if filters:
+            params.update(filters.params())
+        query = Q["search"] if filters else Q["list"]
+        rows = self.db.read(lambda c: c.execute(query, params).fetchall())
         return [item_from_row(r) for r in rows]
 
     def counts(self, tenant: str | None) -> dict[str, int]:
@@ -399,6 +412,35 @@ class PostgresStore:
     def token_lookup(self, token_hash: str) -> str | None:
         value = self.db.read(lambda c: scalar(c, Q["token_lookup"], {"hash": token_hash}))
         return None if value is None else str(value)
+
+    def schedule_add(self, schedule: Schedule) -> bool:
+        params = schedule_params(schedule)
+        return bool(self.db.run(lambda c: c.execute(Q["schedule_add"], params).rowcount == 1, durable=True))
+
+    def schedules(self, tenant: str | None) -> list[Schedule]:
+        rows = self.db.read(lambda c: c.execute(Q["schedules"], {"tenant": tenant}).fetchall())
+        return [schedule_from_row(r) for r in rows]
+
+    def schedule_update(self, tenant: str, name: str, *, paused: bool, next_at: float) -> bool:
+        params = {"tenant": tenant, "name": name, "paused": paused, "next_at": next_at}
+        return bool(self.db.run(lambda c: c.execute(Q["schedule_update"], params).rowcount == 1, durable=True))
+
+    def schedule_delete(self, tenant: str, name: str) -> bool:
+        params = {"tenant": tenant, "name": name}
+        return bool(self.db.run(lambda c: c.execute(Q["schedule_delete"], params).rowcount == 1, durable=True))
+
+    def schedules_due(self, limit: int) -> tuple[float, list[Schedule]]:
+        def q(c: Conn) -> tuple[float, list[Schedule]]:
+            rows = c.execute(Q["schedules_due"], {"limit": limit}).fetchall()
+            if rows:
+                return float(rows[0]["db_now"]), [schedule_from_row(r) for r in rows]
+            return float(scalar(c, Q["db_now"], {})), []
+
+        return self.db.read(q)
+
+    def schedule_advance(self, schedule: Schedule, *, next_at: float, last_tick: float, last_job_id: str) -> bool:
+        params = advance_params(schedule, next_at, last_tick, last_job_id)
+        return bool(self.db.run(lambda c: c.execute(Q["schedule_advance"], params).rowcount == 1, durable=True))
 
     def outbox_take(self, limit: int) -> list[tuple[int, Envelope]]:
         rows = self.db.read(lambda c: c.execute(Q["outbox_take"], {"limit": limit}).fetchall())

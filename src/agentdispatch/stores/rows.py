@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..workitem import Status, WorkItem
-from .base import Effect, WorkerRow
+from .base import Effect, Schedule, WorkerRow
 
 _STATUS = {s.value: s for s in Status}
 
@@ -127,3 +127,52 @@ def worker_from_row(row: Mapping[str, Any]) -> WorkerRow:
         started_at=float(row["started_at"]),
         last_heartbeat=float(row["last_heartbeat"]),
     )
+
+
+def schedule_from_row(row: Mapping[str, Any]) -> Schedule:
+    """A ``dispatch_schedules`` row as a :class:`Schedule`."""
+    return Schedule(
+        tenant=row["tenant"],
+        name=row["name"],
+        cron=row["cron"],
+        tz=row["tz"],
+        kind=row["kind"],
+        payload=json.loads(row["payload"]),
+        next_at=float(row["next_at"]),
+        session_id=row["session_id"],
+        priority=int(row["priority"]),
+        agent_name=row["agent_name"],
+        paused=bool(row["paused"]),
+        last_tick=None if row["last_tick"] is None else float(row["last_tick"]),
+        last_job_id=row["last_job_id"],
+        created_at=float(row["created_at"]),
+    )
+
+
+def schedule_params(s: Schedule) -> dict[str, Any]:
+    """Named parameters of ``schedule_add``."""
+    return {
+        "tenant": s.tenant,
+        "name": s.name,
+        "cron": s.cron,
+        "tz": s.tz,
+        "kind": s.kind,
+        "payload": dumps(s.payload),
+        "session_id": s.session_id,
+        "priority": s.priority,
+        "agent_name": s.agent_name,
+        "paused": s.paused,
+        "next_at": s.next_at,
+    }
+
+
+def advance_params(s: Schedule, next_at: float, last_tick: float, last_job_id: str) -> dict[str, Any]:
+    """Named parameters of ``schedule_advance``."""
+    return {
+        "tenant": s.tenant,
+        "name": s.name,
+        "expected": s.next_at,
+        "next_at": next_at,
+        "last_tick": last_tick,
+        "last_job_id": last_job_id,
+    }

@@ -18,8 +18,31 @@ from ..sqlfiles import Queries, compact, migrations
 from ..sqlite_db import SqliteDb, clock
 from ..workitem import Lease, Outcome, Status, WorkItem, evolve
 from . import engine
-from .base import Accepted, Claim, Effect, EffectState, NewJob, SweepReport, WorkerRow, claim_each, commit_each
-from .rows import blocker_wait, dumps, effect_from_row, effect_params, item_from_row, mutable_params, worker_from_row
+from .base import (
+    Accepted,
+    Claim,
+    Effect,
+    EffectState,
+    JobFilter,
+    NewJob,
+    Schedule,
+    SweepReport,
+    WorkerRow,
+    claim_each,
+    commit_each,
+)
+from .rows import (
+    advance_params,
+    blocker_wait,
+    dumps,
+    effect_from_row,
+    effect_params,
+    item_from_row,
+    mutable_params,
+    schedule_from_row,
+    schedule_params,
+    worker_from_row,
+)
 
 _SQL_PKG = "agentdispatch.stores.sql.sqlite"
 Q = Queries(_SQL_PKG, "queries.sql")
@@ -342,16 +365,24 @@ class SqliteStore:
             raise JobNotFound(job_id)
         return item_from_row(row)
 
-    def list_jobs(self, *, tenant: str | None, status: Status | None, limit: int, offset: int) -> list[WorkItem]:
-        rows = self.db.conn().execute(
-            Q["list"],
-            {
-                "tenant": tenant,
-                "status": None if status is None else status.value,
-                "limit": limit,
-                "offset": offset,
-            },
-        )
+    def list_jobs(
+        self,
+        *,
+        tenant: str | None,
+        status: Status | None,
+        limit: int,
+        offset: int,
+        filters: JobFilter | None = None,
+    ) -> list[WorkItem]:
+        params = {
+            "tenant": tenant,
+            "status": None if status is None else status.value,
+            "limit": limit,
+            "offset": offset,
+        }
+        if filters:
+            params.update(filters.params())
+        rows = self.db.conn().execute(Q["search"] if filters else Q["list"], params)
         return [item_from_row(r) for r in rows]
 
     def counts(self, tenant: str | None) -> dict[str, int]:
@@ -432,6 +463,33 @@ class SqliteStore:
     def token_lookup(self, token_hash: str) -> str | None:
         row = self.db.conn().execute(Q["token_lookup"], (token_hash,)).fetchone()
         return None if row is None else str(row[0])
+
+    def schedule_add(self, schedule: Schedule) -> bool:
+        with self._tx(durable=True) as tx:
+            params = {**schedule_params(schedule), "now": tx.now()}
+            return tx.c.execute(Q["schedule_add"], params).rowcount == 1
+
+    def schedules(self, tenant: str | None) -> list[Schedule]:
+        return [schedule_from_row(r) for r in self.db.conn().execute(Q["schedules"], {"tenant": tenant})]
+
+    def schedule_update(self, tenant: str, name: str, *, paused: bool, next_at: float) -> bool:
+        with self._tx(durable=True) as tx:
+            params = {"tenant": tenant, "name": name, "paused": paused, "next_at": next_at, "now": tx.now()}
+            return tx.c.execute(Q["schedule_update"], params).rowcount == 1
+
+    def schedule_delete(self, tenant: str, name: str) -> bool:
+        with self._tx(durable=True) as tx:
+            return tx.c.execute(Q["schedule_delete"], {"tenant": tenant, "name": name}).rowcount == 1
+
+    def schedules_due(self, limit: int) -> tuple[float, list[Schedule]]:
+        now = self.db.now()
+        rows = self.db.conn().execute(Q["schedules_due"], {"now": now, "limit": limit})
+        return now, [schedule_from_row(r) for r in rows]
+
+    def schedule_advance(self, schedule: Schedule, *, next_at: float, last_tick: float, last_job_id: str) -> bool:
+        with self._tx(durable=True) as tx:
+            params = {**advance_params(schedule, next_at, last_tick, last_job_id), "now": tx.now()}
+            return tx.c.execute(Q["schedule_advance"], params).rowcount == 1
 
     def outbox_take(self, limit: int) -> list[tuple[int, Envelope]]:
         rows = self.db.conn().execute(Q["outbox_take"], (limit,))

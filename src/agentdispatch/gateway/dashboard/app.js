@@ -87,20 +87,42 @@ function renderOverview(o) {
   $("dlq-count").textContent = o.counts.dead_letter || 0;
 }
 
+// A delayed turn shows when it starts instead of when it was last touched.
+function startsOrAgo(job) {
+  const wait = job.ready_at - Date.now() / 1000;
+  if (job.status !== "ready" || wait <= 1) return ago(job.updated_at);
+  return wait < 3600 ? `starts in ${Math.round(wait / 60) || 1}m` : `starts ${new Date(job.ready_at * 1000).toLocaleString()}`;
+}
+
 function matches(job, q) {
   if (!q) return true;
   q = q.toLowerCase();
   return [job.job_id, job.kind, job.session_id, job.agent_name, job.reason].some((v) => v && String(v).toLowerCase().includes(q));
 }
 
+// "kind:K", "session:S", "agent:A" and "id:TEXT" filter in the store (every
+// page holds only matches); other words narrow the page shown.
+const SERVER_FILTERS = { kind: "kind", session: "session_id", agent: "agent_name", id: "q" };
+
+function splitSearch(q, params) {
+  const rest = [];
+  for (const word of q.split(/\s+/).filter(Boolean)) {
+    const m = /^(kind|session|agent|id):(.+)$/.exec(word);
+    if (m) params.set(SERVER_FILTERS[m[1]], m[2]);
+    else rest.push(word);
+  }
+  return rest.join(" ");
+}
+
 async function loadJobs() {
   const params = new URLSearchParams({ limit: PAGE, offset: state.offset });
   if (state.status) params.set("status", state.status);
+  const text = splitSearch(state.search, params);
   const page = await api(`/v1/jobs?${params}`);
-  let jobs = page.jobs.filter((j) => matches(j, state.search));
+  let jobs = page.jobs.filter((j) => matches(j, text));
   // A full job id that is not on this page is fetched directly.
-  if (state.search && !jobs.length && /^[A-Za-z0-9_.:@/+=-]{8,200}$/.test(state.search)) {
-    try { jobs = [await api(`/v1/jobs/${encodeURIComponent(state.search)}`)]; } catch (_) { jobs = []; }
+  if (text && !jobs.length && /^[A-Za-z0-9_.:@/+=-]{8,200}$/.test(text)) {
+    try { jobs = [await api(`/v1/jobs/${encodeURIComponent(text)}`)]; } catch (_) { jobs = []; }
   }
   const rows = jobs.map((j) =>
     el(
@@ -111,7 +133,7 @@ async function loadJobs() {
       el("td", {}, badge(j.status)),
       el("td", {}, `${j.attempt}/${j.max_attempts}`),
       el("td", { class: "mono dim" }, j.session_id),
-      el("td", { class: "dim" }, ago(j.updated_at)),
+      el("td", { class: "dim" }, startsOrAgo(j)),
     ),
   );
   $("jobs").replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { class: "empty", colSpan: 6 }, "no jobs"))]));
@@ -228,7 +250,7 @@ function init() {
   const sel = $("status-filter");
   for (const s of STATUSES) sel.append(el("option", { value: s }, s.replace("_", " ")));
   sel.addEventListener("change", () => setStatus(sel.value));
-  $("search").addEventListener("input", (e) => { state.search = e.target.value.trim(); loadJobs().catch((err) => notice(err.message, "bad")); });
+  $("search").addEventListener("input", (e) => { state.search = e.target.value.trim(); state.offset = 0; loadJobs().catch((err) => notice(err.message, "bad")); });
   $("prev").addEventListener("click", () => { state.offset = Math.max(0, state.offset - PAGE); loadJobs(); });
   $("next").addEventListener("click", () => { state.offset += PAGE; loadJobs(); });
   $("d-close").addEventListener("click", () => { $("drawer").hidden = true; state.open = null; });

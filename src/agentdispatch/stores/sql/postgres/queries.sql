@@ -240,6 +240,18 @@ SELECT * FROM work_items
 WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s) AND (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY seq DESC LIMIT %(limit)s OFFSET %(offset)s
 
+-- name: search
+-- The listing with the optional filters of a search (a NULL filter is off).
+SELECT * FROM work_items
+WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s) AND (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+  AND (%(session_id)s::text IS NULL OR session_id = %(session_id)s)
+  AND (%(agent_name)s::text IS NULL OR agent_name = %(agent_name)s)
+  AND (%(created_from)s::float8 IS NULL OR created_at >= %(created_from)s)
+  AND (%(created_to)s::float8 IS NULL OR created_at < %(created_to)s)
+  AND (%(id_contains)s::text IS NULL OR strpos(id, %(id_contains)s) > 0)
+ORDER BY seq DESC LIMIT %(limit)s OFFSET %(offset)s
+
 -- name: counts
 SELECT status, count(*) AS n FROM work_items
 WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s) GROUP BY status
@@ -300,3 +312,39 @@ WHERE id = %(id)s AND tenant = %(tenant)s AND status IN ('leased', 'running')
   AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s AND lease_token = %(token)s
   AND lease_expires_at > extract(epoch FROM clock_timestamp())::float8
 RETURNING id
+
+-- name: schedule_add
+INSERT INTO dispatch_schedules (
+    tenant, name, cron, tz, kind, payload, session_id, priority, agent_name, paused, next_at,
+    created_at, updated_at
+) VALUES (
+    %(tenant)s, %(name)s, %(cron)s, %(tz)s, %(kind)s, %(payload)s, %(session_id)s, %(priority)s,
+    %(agent_name)s, %(paused)s, %(next_at)s, extract(epoch FROM clock_timestamp())::float8,
+    extract(epoch FROM clock_timestamp())::float8
+) ON CONFLICT (tenant, name) DO NOTHING
+
+-- name: schedules
+SELECT * FROM dispatch_schedules WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s) ORDER BY tenant, name
+
+-- name: schedule_update
+UPDATE dispatch_schedules
+SET paused = %(paused)s, next_at = %(next_at)s, updated_at = extract(epoch FROM clock_timestamp())::float8
+WHERE tenant = %(tenant)s AND name = %(name)s
+
+-- name: schedule_delete
+DELETE FROM dispatch_schedules WHERE tenant = %(tenant)s AND name = %(name)s
+
+-- name: schedules_due
+SELECT *, extract(epoch FROM clock_timestamp())::float8 AS db_now FROM dispatch_schedules
+WHERE NOT paused AND next_at <= extract(epoch FROM clock_timestamp())::float8
+ORDER BY next_at LIMIT %(limit)s
+
+-- name: db_now
+SELECT extract(epoch FROM clock_timestamp())::float8
+
+-- name: schedule_advance
+-- Compare-and-set: only the firer that read this next_at moves it on.
+UPDATE dispatch_schedules
+SET next_at = %(next_at)s, last_tick = %(last_tick)s, last_job_id = %(last_job_id)s,
+    updated_at = extract(epoch FROM clock_timestamp())::float8
+WHERE tenant = %(tenant)s AND name = %(name)s AND next_at = %(expected)s AND NOT paused

@@ -140,6 +140,17 @@ SELECT * FROM work_items
 WHERE (:tenant IS NULL OR tenant = :tenant) AND (:status IS NULL OR status = :status)
 ORDER BY seq DESC LIMIT :limit OFFSET :offset
 
+-- name: search
+-- The listing with the optional filters of a search (a NULL filter is off).
+SELECT * FROM work_items
+WHERE (:tenant IS NULL OR tenant = :tenant) AND (:status IS NULL OR status = :status)
+  AND (:kind IS NULL OR kind = :kind) AND (:session_id IS NULL OR session_id = :session_id)
+  AND (:agent_name IS NULL OR agent_name = :agent_name)
+  AND (:created_from IS NULL OR created_at >= :created_from)
+  AND (:created_to IS NULL OR created_at < :created_to)
+  AND (:id_contains IS NULL OR instr(id, :id_contains) > 0)
+ORDER BY seq DESC LIMIT :limit OFFSET :offset
+
 -- name: counts
 SELECT status, count(*) AS n FROM work_items
 WHERE (:tenant IS NULL OR tenant = :tenant) GROUP BY status
@@ -189,3 +200,32 @@ UPDATE work_items SET checkpoint = :state
 WHERE id = :id AND tenant = :tenant AND status IN ('leased', 'running')
   AND lease_owner = :owner AND lease_epoch = :epoch AND lease_token = :token
   AND lease_expires_at > :now
+
+-- name: schedule_add
+INSERT OR IGNORE INTO dispatch_schedules (
+    tenant, name, cron, tz, kind, payload, session_id, priority, agent_name, paused, next_at,
+    created_at, updated_at
+) VALUES (
+    :tenant, :name, :cron, :tz, :kind, :payload, :session_id, :priority, :agent_name, :paused, :next_at,
+    :now, :now
+)
+
+-- name: schedules
+SELECT * FROM dispatch_schedules WHERE (:tenant IS NULL OR tenant = :tenant) ORDER BY tenant, name
+
+-- name: schedule_update
+UPDATE dispatch_schedules SET paused = :paused, next_at = :next_at, updated_at = :now
+WHERE tenant = :tenant AND name = :name
+
+-- name: schedule_delete
+DELETE FROM dispatch_schedules WHERE tenant = :tenant AND name = :name
+
+-- name: schedules_due
+SELECT * FROM dispatch_schedules INDEXED BY dispatch_schedules_due
+WHERE paused = 0 AND next_at <= :now ORDER BY next_at LIMIT :limit
+
+-- name: schedule_advance
+-- Compare-and-set: only the firer that read this next_at moves it on.
+UPDATE dispatch_schedules
+SET next_at = :next_at, last_tick = :last_tick, last_job_id = :last_job_id, updated_at = :now
+WHERE tenant = :tenant AND name = :name AND next_at = :expected AND paused = 0
