@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from ..envelope import Envelope
 from ..errors import LeaseLost
@@ -33,6 +33,15 @@ class NewJob:
     priority: int = 0
     dependencies: tuple[str, ...] = ()
     deadline_unix: float | None = None
+
+
+class OutboxRow(NamedTuple):
+    """An envelope not yet handed to an external transport, with its item's
+    ``seq`` (the session order, which a retry's position in a log does not keep)."""
+
+    id: int
+    envelope: Envelope
+    seq: int
 
 
 @dataclass(frozen=True)
@@ -205,7 +214,7 @@ class Store(Protocol):
     def token_lookup(self, token_hash: str) -> str | None:
         """The tenant of a live token, or None."""
 
-    def outbox_take(self, limit: int) -> list[tuple[int, Envelope]]:
+    def outbox_take(self, limit: int) -> list[OutboxRow]:
         """Envelope rows not yet handed to an external transport."""
 
     def outbox_done(self, row_ids: Sequence[int]) -> None:

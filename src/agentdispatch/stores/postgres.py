@@ -25,7 +25,7 @@ from ..errors import JobNotFound, LeaseLost, TaskQueueUnavailable
 from ..sqlfiles import migrations
 from ..workitem import Lease, Outcome, Status, WorkItem
 from . import engine
-from .base import Accepted, Claim, Effect, NewJob, SweepReport, WorkerRow
+from .base import Accepted, Claim, Effect, NewJob, OutboxRow, SweepReport, WorkerRow
 from .pg_db import Conn, PgDb, describe, scalar
 from .pg_tx import SMALL_SUBMISSION, PostgresTx, Q
 from .rows import effect_from_row, item_from_row, worker_from_row
@@ -361,9 +361,9 @@ class PostgresStore:
         value = self.db.read(lambda c: scalar(c, Q["token_lookup"], {"hash": token_hash}))
         return None if value is None else str(value)
 
-    def outbox_take(self, limit: int) -> list[tuple[int, Envelope]]:
+    def outbox_take(self, limit: int) -> list[OutboxRow]:
         rows = self.db.read(lambda c: c.execute(Q["outbox_take"], {"limit": limit}).fetchall())
-        return [(int(r["id"]), Envelope.from_json(r["envelope"])) for r in rows]
+        return [OutboxRow(int(r["id"]), Envelope.from_json(r["envelope"]), int(r["item_seq"])) for r in rows]
 
     def outbox_done(self, row_ids: Sequence[int]) -> None:
         ids = list(row_ids)

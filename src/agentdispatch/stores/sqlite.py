@@ -18,7 +18,7 @@ from ..sqlfiles import Queries, compact, migrations
 from ..sqlite_db import SqliteDb, clock
 from ..workitem import Lease, Outcome, Status, WorkItem, evolve
 from . import engine
-from .base import Accepted, Claim, Effect, NewJob, SweepReport, WorkerRow, claim_each, commit_each
+from .base import Accepted, Claim, Effect, NewJob, OutboxRow, SweepReport, WorkerRow, claim_each, commit_each
 from .rows import blocker_wait, dumps, effect_from_row, effect_params, item_from_row, mutable_params, worker_from_row
 
 _SQL_PKG = "agentdispatch.stores.sql.sqlite"
@@ -413,9 +413,9 @@ class SqliteStore:
         row = self.db.conn().execute(Q["token_lookup"], (token_hash,)).fetchone()
         return None if row is None else str(row[0])
 
-    def outbox_take(self, limit: int) -> list[tuple[int, Envelope]]:
+    def outbox_take(self, limit: int) -> list[OutboxRow]:
         rows = self.db.conn().execute(Q["outbox_take"], (limit,))
-        return [(int(r["id"]), Envelope.from_json(r["envelope"])) for r in rows]
+        return [OutboxRow(int(r["id"]), Envelope.from_json(r["envelope"]), int(r["item_seq"])) for r in rows]
 
     def outbox_done(self, row_ids: Sequence[int]) -> None:
         with self._tx() as tx:

@@ -29,7 +29,7 @@ from ..quietlogs import demote
 from ..settings import KAFKA_GROUP, KAFKA_TOPIC, Settings
 from .base import Delivery, ack_each, get_each
 from .kafka_admin import TopicAdmin
-from .kafka_consumer import OwnedConsumer
+from .kafka_consumer import SEQ_HEADER, OwnedConsumer
 from .kafka_producer import CoalescingProducer, GroupCommit, message_key
 
 if TYPE_CHECKING:
@@ -152,9 +152,21 @@ class KafkaTransport:
         """Publish one envelope; returns after the broker confirmed it."""
         self.put_many([envelope])
 
-    def put_many(self, envelopes: Sequence[Envelope]) -> None:
-        """Publish a batch behind one delivery-confirmed flush."""
-        self.producer.put_many([(message_key(e.session_id, e.tenant), e.to_json().encode()) for e in envelopes])
+    def put_many(self, envelopes: Sequence[Envelope], seqs: Sequence[int | None] | None = None) -> None:
+        """Publish a batch behind one delivery-confirmed flush. ``seqs`` (the
+        items' session order) ride in a header: a consumer orders a session's
+        messages by it, since a retry lands behind the turns that follow it."""
+        order = seqs if seqs is not None else [None] * len(envelopes)
+        self.producer.put_many(
+            [
+                (
+                    message_key(e.session_id, e.tenant),
+                    e.to_json().encode(),
+                    None if seq is None else [(SEQ_HEADER, str(seq).encode())],
+                )
+                for e, seq in zip(envelopes, order, strict=True)
+            ]
+        )
 
     def relay(self, store: Store) -> int:
         """Publish the store's outbox; concurrent callers share one round.
@@ -186,8 +198,8 @@ class KafkaTransport:
             rows = store.outbox_take(RELAY_BATCH)
             if not rows:
                 return total
-            self.put_many([env for _, env in rows])
-            store.outbox_done([row_id for row_id, _ in rows])  # only after delivery
+            self.put_many([r.envelope for r in rows], [r.seq for r in rows])
+            store.outbox_done([r.id for r in rows])  # only after delivery
             total += len(rows)
             if len(rows) < RELAY_BATCH:
                 return total

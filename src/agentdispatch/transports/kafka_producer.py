@@ -24,6 +24,11 @@ log = logging.getLogger("agentdispatch.kafka")
 
 T = TypeVar("T")
 
+#: Message headers: name and value pairs, or None.
+Headers = list[tuple[str, str | bytes | None]] | None
+#: One message to publish: key, value, headers.
+Record = tuple[bytes, bytes, Headers]
+
 #: A key that only spreads messages over partitions; it is not a secret (the
 #: envelope in the value carries the ids anyway), it just keeps names out of keys.
 _KEY_SALT = b"agentdispatch.kafka.key.v1"
@@ -149,11 +154,11 @@ class CoalescingProducer:
         """Delivery-confirmed flushes so far (tests assert coalescing with it)."""
         return self._gate.rounds + self._flushes_serial
 
-    def put(self, key: bytes, value: bytes) -> None:
+    def put(self, key: bytes, value: bytes, headers: Headers = None) -> None:
         """Publish one message; returns once the broker confirmed it."""
-        self.put_many([(key, value)])
+        self.put_many([(key, value, headers)])
 
-    def put_many(self, records: Sequence[tuple[bytes, bytes]]) -> None:
+    def put_many(self, records: Sequence[Record]) -> None:
         """Publish a batch behind one delivery-confirmed flush."""
         if not records:
             return
@@ -168,11 +173,11 @@ class CoalescingProducer:
             self._gate.run(self._flush)
         self._check(batch)
 
-    def _produce(self, records: Sequence[tuple[bytes, bytes]], batch: _Batch) -> None:
-        for key, value in records:
+    def _produce(self, records: Sequence[Record], batch: _Batch) -> None:
+        for key, value, headers in records:
             while True:
                 try:
-                    self._p.produce(self.topic, value=value, key=key, on_delivery=batch.report)
+                    self._p.produce(self.topic, value=value, key=key, headers=headers, on_delivery=batch.report)
                     break
                 except BufferError:
                     self._p.poll(0.05)  # local queue full: serve reports, retry
