@@ -115,3 +115,57 @@ def test_failed_first_attempts_do_not_livelock_a_small_buffer(tmp_path: Path, br
     for session, order in ran.items():
         firsts = list(dict.fromkeys(order))  # each turn's first run, in run order
         assert firsts == sorted(firsts), f"session {session} ran out of order: {order}"
+
+
+def test_submit_many_answers_with_handles_when_the_broker_dies_after_the_commit(tmp_path: Path, broker: Broker) -> None:
+    import contextlib
+
+    from agentdispatch.errors import TaskQueueUnavailable
+    from agentdispatch.reconciler import reconcile_once
+
+    class BrokerDiesAfterCommit(SqliteStore):
+        def submit(self, jobs: Any, **kw: Any) -> Any:
+            accepted = super().submit(jobs, **kw)
+            broker.kill()  # the rows are durable; the publish will find no broker
+            return accepted
+
+    settings = _settings(tmp_path, broker.bootstrap, agent_turns_partitions=2)
+    store = BrokerDiesAfterCommit(settings.sqlite_path, extra_attempts=settings.max_attempts)
+    store.migrate()
+    transport = KafkaTransport(settings, **{**FAST, "timeout_s": 2.0})
+    result: list[Any] = []
+
+    def submit() -> None:
+        try:
+            result.append(
+                Dispatcher(store, transport, settings).submit_many(
+                    [Submission(kind="echo", tenant="t", session_id=f"s{i}") for i in range(20)]
+                )
+            )
+        except Exception as exc:  # the assertion below names it
+            result.append(exc)
+
+    try:
+        caller = threading.Thread(target=submit, daemon=True)
+        caller.start()
+        caller.join(120)
+        assert result, "submit_many hung with the broker gone"
+        handles = result[0]
+        assert isinstance(handles, list) and len(handles) == 20, f"no handles: {handles!r}"
+        assert len(store.outbox_take(100)) == 20  # stored, waiting for the reconciler
+        broker.start()  # same port, empty log
+        deadline = time.monotonic() + 60
+        while store.outbox_take(1) and time.monotonic() < deadline:
+            with contextlib.suppress(TaskQueueUnavailable):
+                reconcile_once(store, transport)
+            time.sleep(0.2)
+        got: set[str] = set()
+        while len(got) < 20 and time.monotonic() < deadline:
+            d = transport.get("a:0", visibility_s=30, wait_s=0.2)
+            if d is not None:
+                got.add(Envelope.from_json(d.raw).job_id)
+                transport.ack(d)
+        assert got == {h.job_id for h in handles}
+    finally:
+        transport.close()
+        store.close()

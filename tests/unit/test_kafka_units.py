@@ -104,3 +104,25 @@ def test_group_commit_error_reaches_every_caller_of_the_round():
     for t in threads:
         t.join()
     assert len(errors) == 4 and gate.rounds == 1
+
+
+def test_group_commit_waiter_gives_up_at_its_timeout_and_the_round_still_runs():
+    gate: GroupCommit[int] = GroupCommit()
+    started, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def slow() -> int:
+        calls.append("slow")
+        started.set()
+        release.wait(30)
+        return 1
+
+    leader = threading.Thread(target=gate.run, args=(slow,))
+    leader.start()
+    assert started.wait(10)
+    with pytest.raises(TimeoutError):
+        gate.run(lambda: calls.append("mine") or 2, timeout_s=0.2)
+    release.set()
+    leader.join(10)
+    assert gate.run(lambda: calls.append("later") or 3, timeout_s=5) == 3
+    assert calls == ["slow", "later"]

@@ -77,6 +77,7 @@ class KafkaTransport:
         # About one claim TTL: a ready item not run by then lost its message.
         self.redeliver_after_s = settings.claim_ttl_s if redeliver_after_s is None else redeliver_after_s
         self.keepalive_s = keepalive_s
+        self.timeout_s = timeout_s
         self.buffer_max = buffer_max
         base: dict[str, Any] = {
             "bootstrap.servers": settings.kafka_bootstrap_servers,
@@ -120,7 +121,8 @@ class KafkaTransport:
         self.handoffs = 0
         self.auto_relay_s = 0.1
         self._outbox: Store | None = None
-        self._last_auto_relay = 0.0
+        self._relayer: threading.Thread | None = None
+        self._relay_wake = threading.Event()
         self._closed = False
         self._retired = {"assignments": 0, "revocations": 0}
 
@@ -175,22 +177,41 @@ class KafkaTransport:
         with self._lock:
             gate = self._relays.setdefault(id(store), GroupCommit())
             self._outbox = store
-        return gate.run(lambda: self._drain(store))
+        try:
+            # Waiting for others' rounds is bounded; our own round is bounded
+            # by the producer's flush timeout.
+            return gate.run(lambda: self._drain(store), timeout_s=self.timeout_s)
+        except TimeoutError:
+            raise TaskQueueUnavailable(
+                f"publishing to Kafka did not finish within {self.timeout_s:g} s; "
+                "stored turns stay in the outbox and the reconciler publishes them"
+            ) from None
 
     def _auto_relay(self) -> None:
         # A fenced commit that schedules a retry, or releases dependants, writes
-        # outbox rows that nobody publishes until the next reconciler pass; the
-        # consumers publish them promptly (rate-limited), best effort.
-        store = self._outbox
-        now = time.monotonic()
+        # outbox rows that nobody publishes until the next reconciler pass; a
+        # background relay publishes them promptly (rate-limited), best effort,
+        # so a consumer never waits on a flush (or on a dead broker).
+        if self._outbox is None:
+            return
         with self._lock:
-            if store is None or now - self._last_auto_relay < self.auto_relay_s:
+            if self._relayer is None and not self._closed:
+                self._relayer = threading.Thread(target=self._relay_loop, name="kafka-relay", daemon=True)
+                self._relayer.start()
+        self._relay_wake.set()
+
+    def _relay_loop(self) -> None:
+        while not self._stop.is_set():
+            self._relay_wake.wait()
+            self._relay_wake.clear()
+            store = self._outbox
+            if self._stop.is_set() or store is None:
                 return
-            self._last_auto_relay = now
-        try:
-            self.relay(store)
-        except AgentDispatchError as exc:
-            log.debug("opportunistic relay failed (the reconciler retries): %s", exc)
+            try:
+                self.relay(store)
+            except AgentDispatchError as exc:
+                log.debug("opportunistic relay failed (the reconciler retries): %s", exc)
+            self._stop.wait(self.auto_relay_s)
 
     def _drain(self, store: Store) -> int:
         total = 0
@@ -298,8 +319,10 @@ class KafkaTransport:
             return
         self._closed = True
         self._stop.set()
-        if self._keepalive is not None:
-            self._keepalive.join(timeout=5)
+        self._relay_wake.set()
+        for t in (self._keepalive, self._relayer):
+            if t is not None:
+                t.join(timeout=5)
         with self._lock:
             consumers = list(self._consumers.values())
             self._consumers.clear()

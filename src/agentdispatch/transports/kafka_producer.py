@@ -9,6 +9,7 @@ returns only after the broker confirmed every one of its messages
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import threading
@@ -69,15 +70,21 @@ class GroupCommit(Generic[T]):
         self._next: _Round[T] = _Round()
         self._running = False
 
-    def run(self, fn: Callable[[], T]) -> T:
-        """Join the next round (leading it when nobody runs); return its result."""
+    def run(self, fn: Callable[[], T], timeout_s: float | None = None) -> T:
+        """Join the next round (leading it when nobody runs); return its result.
+        A caller that waits for others' rounds longer than ``timeout_s`` gets
+        :class:`TimeoutError` (its round still runs, led by a later caller)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
             rnd = self._next
             while not rnd.finished:
                 if not self._running:
                     self._running = True
                     break
-                self._cond.wait()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"the round did not finish within {timeout_s:g} s")
+                self._cond.wait(remaining)
             else:
                 if rnd.error is not None:
                     raise rnd.error
@@ -146,6 +153,7 @@ class CoalescingProducer:
         self.resets = 0
         self._gate: GroupCommit[None] = GroupCommit(linger_s)
         self._serial = threading.Lock()
+        self._checking = threading.Lock()
         self.messages = 0
         self._flushes_serial = 0
 
@@ -170,17 +178,27 @@ class CoalescingProducer:
                 self._flushes_serial += 1
         else:
             self._produce(records, batch)
-            self._gate.run(self._flush)
+            # The round in progress and ours, each bounded by the flush timeout;
+            # on a timeout _check reports the unconfirmed messages.
+            with contextlib.suppress(TimeoutError):
+                self._gate.run(self._flush, timeout_s=2 * self.flush_timeout_s)
         self._check(batch)
 
     def _produce(self, records: Sequence[Record], batch: _Batch) -> None:
+        deadline = time.monotonic() + self.flush_timeout_s
         for key, value, headers in records:
             while True:
                 try:
                     self._p.produce(self.topic, value=value, key=key, headers=headers, on_delivery=batch.report)
                     break
                 except BufferError:
-                    self._p.poll(0.05)  # local queue full: serve reports, retry
+                    # Local queue full: serve reports and retry, but not for
+                    # ever (a dead broker leaves the queue full until timeouts).
+                    if time.monotonic() >= deadline:
+                        raise TaskQueueUnavailable(
+                            f"Kafka's local queue stayed full for {self.flush_timeout_s:g} s (broker unreachable?)"
+                        ) from None
+                    self._p.poll(0.05)
                 except Exception as exc:  # KafkaException: never echo its text
                     raise TaskQueueUnavailable(f"Kafka refused the message ({type(exc).__name__})") from None
         self.messages += len(records)
@@ -191,10 +209,7 @@ class CoalescingProducer:
     def _check(self, batch: _Batch) -> None:
         if batch.pending or batch.errors:
             self._reset()
-            if self.on_failure is not None:
-                # A broker that lost its log lost the topic too; messages for a
-                # missing topic just time out, so check the topic on any failure.
-                self.on_failure()
+            self._after_failure()
         if batch.pending > 0:
             raise TaskQueueUnavailable(
                 f"Kafka did not confirm {batch.pending} message(s) within {self.flush_timeout_s:g} s"
@@ -202,6 +217,22 @@ class CoalescingProducer:
         if batch.errors:
             codes = sorted(set(batch.errors))
             raise TaskQueueUnavailable(f"Kafka delivery failed for {len(batch.errors)} message(s): {', '.join(codes)}")
+
+    def _after_failure(self) -> None:
+        # A broker that lost its log lost the topic too; messages for a missing
+        # topic just time out, so check the topic on any failure -- in the
+        # background: the caller already waited its flush timeout.
+        if self.on_failure is None or not self._checking.acquire(blocking=False):
+            return
+        on_failure = self.on_failure
+
+        def check() -> None:
+            try:
+                on_failure()
+            finally:
+                self._checking.release()
+
+        threading.Thread(target=check, name="kafka-topic-check", daemon=True).start()
 
     def _reset(self) -> None:
         # A restarted broker may have lost the idempotent producer's state (and
