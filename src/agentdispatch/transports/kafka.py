@@ -28,7 +28,7 @@ from ..errors import AgentDispatchError, QueueFull, TaskQueueUnavailable
 from ..quietlogs import demote
 from ..settings import KAFKA_GROUP, KAFKA_TOPIC, Settings
 from .base import Delivery, ack_each, get_each
-from .kafka_admin import TopicAdmin
+from .kafka_admin import TopicAdmin, TopicMissing
 from .kafka_consumer import SEQ_HEADER, OwnedConsumer
 from .kafka_producer import CoalescingProducer, GroupCommit, message_key
 
@@ -145,7 +145,14 @@ class KafkaTransport:
     def admit(self, n: int, max_depth: int) -> None:
         """Reject before anything is stored or produced when the lag plus ``n``
         would exceed the bound; an unknown lag rejects too."""
-        lag = self.depth()
+        try:
+            lag = self.depth()
+        except TopicMissing:
+            # A restarted broker that lost its log: re-create the topic (an
+            # empty one has no lag) rather than refuse every submission until
+            # a failed publish does it.
+            self.ping()
+            lag = self.depth()
         if lag + n > max_depth:
             raise QueueFull(f"queue full: {lag} unconsumed turns on Kafka, bound AGENT_DISPATCH_MAX_DEPTH={max_depth}")
 

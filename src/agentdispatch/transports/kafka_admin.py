@@ -20,6 +20,10 @@ from ..errors import DepthUnavailable, TaskQueueUnavailable
 UNREACHABLE = "Kafka is unreachable: check KAFKA_BOOTSTRAP_SERVERS and that the broker is running"
 
 
+class TopicMissing(DepthUnavailable):
+    """The broker answers but has no such topic (a broker that lost its log)."""
+
+
 class Plan(StrEnum):
     """What start-up must do to the topic."""
 
@@ -131,7 +135,7 @@ class TopicAdmin:
             except TaskQueueUnavailable:
                 raise DepthUnavailable("Kafka lag unavailable: broker unreachable") from None
             if not n:
-                raise DepthUnavailable(f"Kafka lag unavailable: no metadata for topic {self.topic}")
+                raise TopicMissing(f"Kafka lag unavailable: no metadata for topic {self.topic}")
             tps = [TopicPartition(self.topic, p) for p in range(n)]
             try:
                 committed = self._probe.committed(tps, timeout=left())
