@@ -152,7 +152,7 @@ class CoalescingProducer:
         self._p = Producer(conf)
         self.resets = 0
         self._gate: GroupCommit[None] = GroupCommit(linger_s)
-        self._serial = threading.Lock()
+        self._serial = threading.RLock()
         self._checking = threading.Lock()
         self.messages = 0
         self._flushes_serial = 0
@@ -171,25 +171,26 @@ class CoalescingProducer:
         if not records:
             return
         batch = _Batch(len(records))
+        client = self._p  # the client this batch goes to; a reset replaces it once
         if not self.coalesce:  # the benchmark's baseline: one flush per call
             with self._serial:
-                self._produce(records, batch)
+                self._produce(client, records, batch)
                 self._flush()
                 self._flushes_serial += 1
         else:
-            self._produce(records, batch)
+            self._produce(client, records, batch)
             # The round in progress and ours, each bounded by the flush timeout;
             # on a timeout _check reports the unconfirmed messages.
             with contextlib.suppress(TimeoutError):
                 self._gate.run(self._flush, timeout_s=2 * self.flush_timeout_s)
-        self._check(batch)
+        self._check(client, batch)
 
-    def _produce(self, records: Sequence[Record], batch: _Batch) -> None:
+    def _produce(self, client: Producer, records: Sequence[Record], batch: _Batch) -> None:
         deadline = time.monotonic() + self.flush_timeout_s
         for key, value, headers in records:
             while True:
                 try:
-                    self._p.produce(self.topic, value=value, key=key, headers=headers, on_delivery=batch.report)
+                    client.produce(self.topic, value=value, key=key, headers=headers, on_delivery=batch.report)
                     break
                 except BufferError:
                     # Local queue full: serve reports and retry, but not for
@@ -198,17 +199,24 @@ class CoalescingProducer:
                         raise TaskQueueUnavailable(
                             f"Kafka's local queue stayed full for {self.flush_timeout_s:g} s (broker unreachable?)"
                         ) from None
-                    self._p.poll(0.05)
+                    client.poll(0.05)
                 except Exception as exc:  # KafkaException: never echo its text
+                    # A fatal error (the idempotent producer's state lost by a
+                    # restarted broker) leaves this client useless: replace it.
+                    self._reset(client)
                     raise TaskQueueUnavailable(f"Kafka refused the message ({type(exc).__name__})") from None
         self.messages += len(records)
 
     def _flush(self) -> None:
-        self._p.flush(self.flush_timeout_s)
+        try:
+            self._p.flush(self.flush_timeout_s)
+        except Exception as exc:  # a fatal client error surfaces here too
+            # The callers' _check sees their messages unconfirmed and resets.
+            log.debug("Kafka flush failed (%s)", type(exc).__name__)
 
-    def _check(self, batch: _Batch) -> None:
+    def _check(self, client: Producer, batch: _Batch) -> None:
         if batch.pending or batch.errors:
-            self._reset()
+            self._reset(client)
             self._after_failure()
         if batch.pending > 0:
             raise TaskQueueUnavailable(
@@ -234,15 +242,20 @@ class CoalescingProducer:
 
         threading.Thread(target=check, name="kafka-topic-check", daemon=True).start()
 
-    def _reset(self) -> None:
+    def _reset(self, client: Producer) -> None:
         # A restarted broker may have lost the idempotent producer's state (and
-        # the old client keeps waiting on it): start over with a new producer.
-        # Callers whose messages sat in the old one already got their error.
+        # the old client keeps waiting on it): start over with a new producer,
+        # once per failed client (every caller of a failed round reports it;
+        # only the first replaces it, so no caller purges a fresh client).
+        # Callers whose messages sat in the old one get their error.
         with self._serial:
-            old, self._p = self._p, Producer(self._conf)
+            if self._p is not client:
+                return
+            self._p = Producer(self._conf)
             self.resets += 1
-        old.purge()
-        old.flush(0)
+        with contextlib.suppress(Exception):
+            client.purge()
+            client.flush(0)
 
     def close(self) -> None:
         """Flush what is left (bounded) and drop the client."""
