@@ -265,6 +265,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--no-pg", action="store_true", help="skip the PostgreSQL end-to-end pair")
     ap.add_argument("--skip-e2e", action="store_true")
+    ap.add_argument("--skip-publish", action="store_true", help="only the end-to-end drain")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("agentdispatch.kafka.client").setLevel(logging.CRITICAL)
@@ -273,8 +274,9 @@ def main() -> None:
         ratios: dict[float, float] = {}
         loopback = Cluster(tmp / "broker").start()
         try:
-            ratios[0.0] = publish_pair(loopback, tmp / "l0", args)
-            if args.latency_ms > 0:
+            if not args.skip_publish:
+                ratios[0.0] = publish_pair(loopback, tmp / "l0", args)
+            if args.latency_ms > 0 and not args.skip_publish:
                 slow = Cluster(tmp / "broker-slow", args.latency_ms).start()
                 try:
                     ratios[args.latency_ms] = publish_pair(slow, tmp / "l1", args)
@@ -284,7 +286,8 @@ def main() -> None:
                 e2e(loopback, tmp, args)
         finally:
             loopback.kill()
-        print("publish ratios: " + ", ".join(f"{ms:g} ms: {r:.1f}x" for ms, r in ratios.items()))
+        if ratios:
+            print("publish ratios: " + ", ".join(f"{ms:g} ms: {r:.1f}x" for ms, r in ratios.items()))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ Run as ``python test_kafka_crash.py worker ...`` this file is the worker process
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import random
 import signal
@@ -57,6 +58,7 @@ def _append(sink: str, line: str) -> None:
 
 def worker_main(data_dir: str, bootstrap: str, sink: str, threads: int) -> None:
     """A worker process whose handler logs start/effect/end lines to ``sink``."""
+    faulthandler.enable()  # a crash in the Kafka client leaves its traceback in the log
     settings = _settings(data_dir, bootstrap)
     store = SqliteStore(settings.sqlite_path, extra_attempts=settings.max_attempts)
     transport = KafkaTransport(settings, **FAST)  # type: ignore[arg-type]
@@ -318,12 +320,17 @@ def _restart_run(
     jobs = fleet.submit(wave, sessions=sessions, sleep=sleep)
     live = [fleet.spawn(threads) for _ in range(procs)]
     rng = random.Random(11)
-    last_start = time.monotonic()
-    for _ in range(restarts):
+    last_start = first_done = time.monotonic()
+    steady = 0.0  # turns/s before the first restart: the no-fault pace
+    for r in range(restarts):
         deadline = time.monotonic() + 120
-        while fleet.succeeded(jobs) < len(jobs) // 2:
+        while (done := fleet.succeeded(jobs)) < len(jobs) // 2:
             assert time.monotonic() < deadline, "workers made no progress"
+            if not done:
+                first_done = time.monotonic()
             time.sleep(0.05)
+        if r == 0:
+            steady = done / max(time.monotonic() - first_done, 1e-3)
         fleet.broker.kill()
         time.sleep(rng.uniform(1.0, 3.0))  # the outage an operator's restart takes
         fleet.broker.start()
@@ -337,8 +344,11 @@ def _restart_run(
         restarts=restarts,
         left_at_last_restart=left_at_last,
         drained_after_last_restart_s=round(drained_s, 1),
+        # What the drain took beyond the no-fault pace: the restart's own cost.
+        excess_over_steady_s=round(drained_s - left_at_last / max(steady, 1e-3), 1),
         ttl_s=fleet.settings.claim_ttl_s,
         procs_alive=all(p.poll() is None for p in live),
+        exit_codes=[p.returncode for p in live if p.poll() is not None],
     )
     return ev
     assert all(p.poll() is None for p in procs), "a worker process died"

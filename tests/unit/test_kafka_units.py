@@ -126,3 +126,24 @@ def test_group_commit_waiter_gives_up_at_its_timeout_and_the_round_still_runs():
     leader.join(10)
     assert gate.run(lambda: calls.append("later") or 3, timeout_s=5) == 3
     assert calls == ["slow", "later"]
+
+
+def test_stall_watch_rejoins_only_a_stalled_group_it_holds_nothing_of():
+    from agentdispatch.transports.kafka_watch import StallWatch
+
+    w = StallWatch(stall_s=10)
+    stuck = {0: (5, 9), 1: (3, 3)}
+    assert not w.observe(0, stuck, holding=False)  # first look
+    assert not w.observe(9, stuck, holding=False)  # not yet stall_s
+    assert w.observe(10, stuck, holding=False)  # lag, no commit moved for 10 s
+    assert not w.observe(15, stuck, holding=False)  # a whole new period after a rejoin
+    assert w.observe(20, stuck, holding=False)
+    # Progress, no lag, or partitions held here: never.
+    w = StallWatch(stall_s=10)
+    assert not w.observe(0, stuck, holding=False)
+    assert not w.observe(10, {0: (6, 9), 1: (3, 3)}, holding=False)
+    assert not w.observe(19, {0: (6, 9), 1: (3, 3)}, holding=False)
+    assert not w.observe(30, {0: (9, 9), 1: (3, 3)}, holding=False)
+    assert not w.observe(45, {0: (9, 9), 1: (3, 3)}, holding=False)
+    assert not w.observe(60, stuck, holding=True)
+    assert not w.observe(75, stuck, holding=True)

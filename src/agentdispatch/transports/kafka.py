@@ -31,6 +31,7 @@ from .base import Delivery, ack_each, get_each
 from .kafka_admin import TopicAdmin, TopicMissing
 from .kafka_consumer import SEQ_HEADER, OwnedConsumer
 from .kafka_producer import CoalescingProducer, GroupCommit, message_key
+from .kafka_watch import StallWatch
 
 if TYPE_CHECKING:
     from ..stores.base import Store
@@ -67,6 +68,7 @@ class KafkaTransport:
         coalesce: bool = True,
         buffer_max: int = 64,
         keepalive_s: float = 1.0,
+        stall_s: float | None = None,
         client_config: dict[str, Any] | None = None,
     ) -> None:
         if not settings.kafka_bootstrap_servers:
@@ -119,6 +121,13 @@ class KafkaTransport:
         self._stop = threading.Event()
         self._keepalive: threading.Thread | None = None
         self.handoffs = 0
+        self.rejoins = 0
+        # A consumer that saw no rebalance this long after an outage rejoins.
+        self.rejoin_s = max(2.0, session_timeout_ms / 1000)
+        # A group stalled this long with lag, none of it here, is rejoined.
+        self.stall_s = 2 * session_timeout_ms / 1000 if stall_s is None else stall_s
+        self._stall = StallWatch(self.stall_s)
+        self._watcher: threading.Thread | None = None
         self.auto_relay_s = 0.1
         self._outbox: Store | None = None
         self._relayer: threading.Thread | None = None
@@ -242,6 +251,8 @@ class KafkaTransport:
             if self._keepalive is None:
                 self._keepalive = threading.Thread(target=self._keepalive_loop, name="kafka-keepalive", daemon=True)
                 self._keepalive.start()
+                self._watcher = threading.Thread(target=self._watch_loop, name="kafka-group-watch", daemon=True)
+                self._watcher.start()
             return oc
 
     def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
@@ -289,14 +300,45 @@ class KafkaTransport:
             now = time.monotonic()
             for oc in consumers:
                 try:
+                    if oc.lost_group(now, self.rejoin_s):
+                        self._rejoin(oc)
+                        continue
                     oc.keepalive(now, self.keepalive_s, self._handoff)
                 except Exception as exc:  # keep the thread alive; the owner sees errors itself
                     log.warning("keepalive poll failed (%s)", type(exc).__name__)
 
+    def _watch_loop(self) -> None:
+        # Its own thread: the probe may wait on the broker, which must not
+        # delay the keepalive polls.
+        while not self._stop.wait(max(0.5, self.stall_s / 4)):
+            with self._lock:
+                consumers = [oc for oc in self._consumers.values() if not oc.closed]
+            if not consumers:
+                continue
+            try:
+                positions = self._admin.positions()
+            except AgentDispatchError:
+                continue  # unreachable or no topic: nothing to consume yet
+            holding = any(oc.assigned for oc in consumers)
+            if self._stall.observe(time.monotonic(), positions, holding):
+                log.warning("the consumer group made no progress with turns waiting: rejoining the group")
+                for oc in consumers:
+                    self.rejoins += 1
+                    self._retire(oc)
+
+    def _rejoin(self, oc: OwnedConsumer) -> None:
+        log.warning("a Kafka consumer saw no rebalance after the brokers came back: rejoining the group")
+        self.rejoins += 1
+        self._retire(oc)
+
     def _handoff(self, oc: OwnedConsumer) -> None:
         log.info("a delivery outlived its visibility: handing its partitions to other consumers")
-        oc.close()
         self.handoffs += 1
+        self._retire(oc)
+
+    def _retire(self, oc: OwnedConsumer) -> None:
+        # The owner's next get creates a new consumer (a new group member).
+        oc.close()
         for k, v in oc.stats().items():
             if k in self._retired:
                 self._retired[k] += v
@@ -318,6 +360,7 @@ class KafkaTransport:
             "assignments": self._retired["assignments"] + sum(s["assignments"] for s in per),
             "revocations": self._retired["revocations"] + sum(s["revocations"] for s in per),
             "handoffs": self.handoffs,
+            "rejoins": self.rejoins,
         }
 
     def close(self) -> None:
@@ -327,7 +370,7 @@ class KafkaTransport:
         self._closed = True
         self._stop.set()
         self._relay_wake.set()
-        for t in (self._keepalive, self._relayer):
+        for t in (self._keepalive, self._relayer, self._watcher):
             if t is not None:
                 t.join(timeout=5)
         with self._lock:

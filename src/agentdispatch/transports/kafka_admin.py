@@ -118,6 +118,12 @@ class TopicAdmin:
         """Sum over partitions of high watermark minus committed offset of the
         group. Any failure, or missing metadata, raises :class:`DepthUnavailable`
         -- an unknown depth is never read as an empty queue."""
+        return sum(max(0, high - done) for done, high in self.positions().values())
+
+    def positions(self) -> dict[int, tuple[int, int]]:
+        """Per partition: the group's committed offset (the log start when
+        nothing is committed) and the high watermark. Raises
+        :class:`DepthUnavailable` like :meth:`lag`."""
         # One deadline for the whole probe (metadata, committed offsets, each
         # partition's watermarks), so an admission never waits much longer
         # than ``timeout_s`` on a broker that stopped answering.
@@ -139,7 +145,7 @@ class TopicAdmin:
             tps = [TopicPartition(self.topic, p) for p in range(n)]
             try:
                 committed = self._probe.committed(tps, timeout=left())
-                total = 0
+                out: dict[int, tuple[int, int]] = {}
                 for tp in committed:
                     if tp.error is not None:
                         raise DepthUnavailable(f"Kafka lag unavailable: {tp.error.name()}")
@@ -147,8 +153,8 @@ class TopicAdmin:
                         TopicPartition(self.topic, tp.partition), timeout=left()
                     )
                     done = tp.offset if tp.offset >= 0 else low  # no commit yet: from the start
-                    total += max(0, high - max(done, low))
-                return total
+                    out[tp.partition] = (max(done, low), high)
+                return out
             except DepthUnavailable:
                 raise
             except Exception as exc:

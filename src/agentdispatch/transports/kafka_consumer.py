@@ -132,12 +132,24 @@ class OwnedConsumer:
         self._paused = False
         self._eof: set[int] = set()
         self._assigned_at = 0.0
-        self._c = Consumer({**config, "enable.partition.eof": True})
+        # Group liveness: when every broker went away, a consumer must see a
+        # rebalance (a fresh assignment, possibly empty) once they are back.
+        self.outage_at: float | None = None
+        self.rebalanced_at = time.monotonic()
+        self._error_sink = config.get("error_cb")
+        self._c = Consumer({**config, "enable.partition.eof": True, "error_cb": self._on_error})
         self._c.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
 
     # -- rebalance callbacks (run inside poll, under self.lock) ---------------
+    def _on_error(self, err: KafkaError) -> None:
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            self.outage_at = time.monotonic()
+        if self._error_sink is not None:
+            self._error_sink(err)
+
     def _on_assign(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
         self.assignments += 1
+        self.rebalanced_at = time.monotonic()
         self.assigned = {p.partition for p in parts}
         self._paused = False
         self._eof = set()
@@ -145,6 +157,7 @@ class OwnedConsumer:
 
     def _on_revoke(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
         self.revocations += 1
+        self.rebalanced_at = time.monotonic()
         gone = {p.partition for p in parts}
         self.assigned -= gone
         # Uncommitted messages of revoked partitions are re-fetched by the next
@@ -333,6 +346,22 @@ class OwnedConsumer:
                 return
             if now - self.last_poll >= interval_s:
                 self._poll(0)
+        finally:
+            self.lock.release()
+
+    def lost_group(self, now: float, rejoin_s: float) -> bool:
+        """True when every broker went away ``rejoin_s`` ago or more and no
+        rebalance has reached this consumer since: a broker that lost its
+        group state (or a coordinator that forgot this member) leaves it
+        polling outside the group for good; only a new member rejoins.
+        Consumers with a delivery in flight wait for its ack."""
+        outage = self.outage_at
+        if outage is None or self.rebalanced_at >= outage or now - outage < rejoin_s:
+            return False
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            return not self.closed and not self._inflight
         finally:
             self.lock.release()
 
