@@ -66,7 +66,7 @@ class KafkaTransport:
         timeout_s: float = 10.0,
         linger_s: float = 0.0,
         coalesce: bool = True,
-        buffer_max: int = 64,
+        buffer_max: int = 256,
         keepalive_s: float = 1.0,
         stall_s: float | None = None,
         client_config: dict[str, Any] | None = None,

@@ -47,7 +47,7 @@ SEQ_HEADER = "agentdispatch-seq"
 
 #: Messages that cannot run now may fill the buffer up to this many times
 #: ``buffer_max`` before fetching pauses regardless.
-HARD_FACTOR = 64
+HARD_FACTOR = 16
 
 Group = tuple[int, str, str]
 
