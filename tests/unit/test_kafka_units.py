@@ -147,3 +147,19 @@ def test_stall_watch_rejoins_only_a_stalled_group_it_holds_nothing_of():
     assert not w.observe(45, {0: (9, 9), 1: (3, 3)}, holding=False)
     assert not w.observe(60, stuck, holding=True)
     assert not w.observe(75, stuck, holding=True)
+
+
+def test_backlog_wait_grows_with_lag_over_rate_and_is_zero_when_unknown():
+    from agentdispatch.transports.kafka_watch import Backlog
+
+    b = Backlog()
+    assert b.wait_s(0) == 0.0
+    b.observe(0, {0: (0, 1000), 1: (0, 1000)})
+    assert b.wait_s(0) == 0.0  # no rate yet: no extra wait
+    b.observe(10, {0: (500, 1000), 1: (500, 1000)})  # 100 msgs/s, 1,000 left
+    assert b.wait_s(10) == pytest.approx(20.0)
+    assert b.wait_s(100) == 0.0  # stale
+    b.observe(20, {0: (500, 1000), 1: (500, 1000)})  # stalled: the rate decays, never read as 0 s
+    assert b.wait_s(20) > 20.0
+    b.observe(30, {0: (1000, 1000), 1: (1000, 1000)})
+    assert b.wait_s(30) == 0.0  # drained

@@ -31,7 +31,7 @@ from .base import Delivery, ack_each, get_each
 from .kafka_admin import TopicAdmin, TopicMissing
 from .kafka_consumer import SEQ_HEADER, OwnedConsumer
 from .kafka_producer import CoalescingProducer, GroupCommit, message_key
-from .kafka_watch import StallWatch
+from .kafka_watch import Backlog, StallWatch
 
 if TYPE_CHECKING:
     from ..stores.base import Store
@@ -77,7 +77,8 @@ class KafkaTransport:
         self.group = group
         self.wanted_partitions = settings.agent_turns_partitions
         # About one claim TTL: a ready item not run by then lost its message.
-        self.redeliver_after_s = settings.claim_ttl_s if redeliver_after_s is None else redeliver_after_s
+        self._redeliver_base_s = settings.claim_ttl_s if redeliver_after_s is None else redeliver_after_s
+        self._backlog = Backlog()
         self.keepalive_s = keepalive_s
         self.timeout_s = timeout_s
         self.buffer_max = buffer_max
@@ -134,6 +135,19 @@ class KafkaTransport:
         self._relay_wake = threading.Event()
         self._closed = False
         self._retired = {"assignments": 0, "revocations": 0}
+
+    @property
+    def redeliver_after_s(self) -> float:
+        """How long a published, unrun item may wait before the reconciler
+        re-publishes it: about a TTL, plus twice the time the group needs to
+        reach it through the current backlog. A deep but healthy backlog is
+        not a lost message: re-publishing it every TTL only lengthened the
+        log with duplicates (several per item after a broker restart)."""
+        return self._redeliver_base_s + self._backlog.wait_s(time.monotonic())
+
+    @redeliver_after_s.setter
+    def redeliver_after_s(self, value: float) -> None:
+        self._redeliver_base_s = value
 
     # -- health and admission ---------------------------------------------------
     def ping(self) -> None:
@@ -320,6 +334,7 @@ class KafkaTransport:
             except AgentDispatchError:
                 continue  # unreachable or no topic: nothing to consume yet
             holding = any(oc.assigned for oc in consumers)
+            self._backlog.observe(time.monotonic(), positions)
             if self._stall.observe(time.monotonic(), positions, holding):
                 log.warning("the consumer group made no progress with turns waiting: rejoining the group")
                 for oc in consumers:

@@ -39,3 +39,36 @@ class StallWatch:
             return False
         self._since = now  # give the new assignment a whole period to show progress
         return True
+
+
+class Backlog:
+    """The group's lag and consumption rate, from successive probes: how long
+    a message published now waits before the group reaches it."""
+
+    #: Never extend the redelivery wait beyond this (a stalled group is the
+    #: watch's business; lost messages must still come back).
+    MAX_WAIT_S = 300.0
+    #: A probe older than this says nothing about now.
+    STALE_S = 60.0
+
+    def __init__(self) -> None:
+        self._last: tuple[float, int] | None = None  # (when, sum of committed offsets)
+        self._rate = 0.0  # messages/s, smoothed
+        self._lag = 0
+        self._at = 0.0
+
+    def observe(self, now: float, positions: Positions) -> None:
+        """One probe of the group's positions."""
+        done = sum(d for d, _h in positions.values())
+        self._lag = sum(max(0, h - d) for d, h in positions.values())
+        if self._last is not None and now > self._last[0]:
+            sample = max(0.0, (done - self._last[1]) / (now - self._last[0]))
+            self._rate = sample if self._rate == 0 else 0.7 * self._rate + 0.3 * sample
+        self._last, self._at = (now, done), now
+
+    def wait_s(self, now: float) -> float:
+        """Twice the time to consume the backlog at the recent rate (0 when
+        unknown, stale or empty)."""
+        if not self._lag or self._rate <= 0 or now - self._at > self.STALE_S:
+            return 0.0  # a group that consumes nothing gets no extra wait
+        return min(self.MAX_WAIT_S, 2 * self._lag / self._rate)
