@@ -9,7 +9,10 @@ a) Publishing: ``--threads`` threads each ``put`` envelopes one by one, with the
    broker advertises the proxy, so every client connection (bootstrap, partition
    leader, coordinator) goes through it. Behind the latency the per-message run
    sends ``--serial-messages`` only (each message costs a whole round trip).
-b) End to end: ``--turns`` no-op (``echo``) turns submitted and drained by a
+b) Drain: ``--turns`` no-op turns queued first, then drained by a worker with
+   ``--workers`` threads (Kafka with the SQLite store vs the SQLite transport),
+   timed from the first finished turn to the last; prints the ratio.
+c) End to end: ``--turns`` no-op (``echo``) turns submitted and drained by a
    worker with ``--workers`` threads, on the loopback broker:
    Kafka transport with the SQLite store vs the SQLite transport, and Kafka
    transport with the PostgreSQL store vs the PostgreSQL transport, each on a
@@ -209,6 +212,35 @@ def end_to_end(settings: Settings, *, turns: int, workers: int, kafka: bool) -> 
     return turns / elapsed, submitted
 
 
+def drain(settings: Settings, *, turns: int, workers: int, kafka: bool) -> float:
+    """Turns per second of a worker draining a queue filled beforehand, from
+    its first finished turn to its last (group join and submission excluded)."""
+    if kafka:
+        store = open_store(settings, migrate=True)
+        transport = KafkaTransport(settings, **FAST)  # type: ignore[arg-type]
+    else:
+        store, transport = open_backends(settings, migrate=True)
+    try:
+        d = Dispatcher(store, transport, settings)
+        for i in range(0, turns, 500):
+            d.submit_many(
+                [Submission(kind="echo", tenant="t", payload={"i": j}) for j in range(i, min(turns, i + 500))]
+            )
+        worker = Worker(settings, store, transport, builtins(), options=WorkerOptions(threads=workers, get_wait_s=0.05))
+        worker.start()
+        while store.counts(None).get("succeeded", 0) < 1:
+            time.sleep(0.005)
+        t0, first = time.perf_counter(), store.counts(None).get("succeeded", 0)
+        while store.counts(None).get("succeeded", 0) < turns:
+            time.sleep(0.01)
+        elapsed = time.perf_counter() - t0
+        worker.stop(grace_s=5)
+    finally:
+        transport.close()
+        store.close()
+    return (turns - first) / elapsed
+
+
 @contextmanager
 def fresh_database() -> Iterator[str]:
     """An empty PostgreSQL database on the test server, dropped afterwards."""
@@ -232,6 +264,11 @@ def e2e(cluster: Cluster, tmp: Path, args: argparse.Namespace) -> None:
         return result[0]
 
     cluster.restart()  # empty log
+    kd = drain(_settings(tmp / "kd", cluster.bootstrap, "kafka"), kafka=True, **run)
+    sd = drain(_settings(tmp / "sd", cluster.bootstrap, "sqlite"), kafka=False, **run)
+    print(f"  drain of a filled queue: kafka {kd:,.0f} turns/s, sqlite {sd:,.0f} turns/s")
+    print(f"  ratio drain kafka(sqlite store) / sqlite = {kd / sd:.2f}x")
+    cluster.restart()
     k = show(
         "kafka transport, sqlite store:",
         end_to_end(_settings(tmp / "ks", cluster.bootstrap, "kafka"), kafka=True, **run),
@@ -265,6 +302,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--no-pg", action="store_true", help="skip the PostgreSQL end-to-end pair")
     ap.add_argument("--skip-e2e", action="store_true")
+    ap.add_argument("--skip-publish", action="store_true", help="only the end-to-end drain")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("agentdispatch.kafka.client").setLevel(logging.CRITICAL)
@@ -273,8 +311,9 @@ def main() -> None:
         ratios: dict[float, float] = {}
         loopback = Cluster(tmp / "broker").start()
         try:
-            ratios[0.0] = publish_pair(loopback, tmp / "l0", args)
-            if args.latency_ms > 0:
+            if not args.skip_publish:
+                ratios[0.0] = publish_pair(loopback, tmp / "l0", args)
+            if args.latency_ms > 0 and not args.skip_publish:
                 slow = Cluster(tmp / "broker-slow", args.latency_ms).start()
                 try:
                     ratios[args.latency_ms] = publish_pair(slow, tmp / "l1", args)
@@ -284,7 +323,8 @@ def main() -> None:
                 e2e(loopback, tmp, args)
         finally:
             loopback.kill()
-        print("publish ratios: " + ", ".join(f"{ms:g} ms: {r:.1f}x" for ms, r in ratios.items()))
+        if ratios:
+            print("publish ratios: " + ", ".join(f"{ms:g} ms: {r:.1f}x" for ms, r in ratios.items()))
 
 
 if __name__ == "__main__":

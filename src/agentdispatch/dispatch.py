@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -12,12 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from .envelope import MAX_PAYLOAD_BYTES, JobHandle, new_job_id
-from .errors import InvalidInput, PayloadTooLarge
+from .errors import InvalidInput, PayloadTooLarge, TaskQueueUnavailable
 from .settings import Settings
 from .stores.base import JobFilter, NewJob, Store
 from .transports.base import Transport
 from .waiting import wait_view
 from .workitem import Status, WorkItem
+
+log = logging.getLogger("agentdispatch.dispatch")
 
 _IDENT = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,200}$")
 _KIND = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
@@ -203,8 +206,17 @@ class Dispatcher:
             return []
         self.transport.admit(len(jobs), self.settings.max_depth)
         accepted = self.store.submit(jobs, max_depth=self.settings.max_depth)
-        self.transport.relay(self.store)
+        self._publish()
         return [JobHandle.for_job(a.item.id, a.item.session_id, a.item.kind) for a in accepted]
+
+    def _publish(self) -> None:
+        # The rows are durable (accepted); a transport that cannot publish now
+        # (a Kafka broker gone) leaves them in the outbox for the reconciler,
+        # and the caller gets its handles instead of an error it might retry.
+        try:
+            self.transport.relay(self.store)
+        except TaskQueueUnavailable as exc:
+            log.warning("turns stored; publishing deferred to the reconciler: %s", exc)
 
     def status(self, job_id: str, tenant: str | None) -> dict[str, Any]:
         """The WorkItem view (no lease secrets); raises :class:`JobNotFound`."""
@@ -222,7 +234,7 @@ class Dispatcher:
     def replay(self, job_id: str, tenant: str | None) -> dict[str, Any]:
         """Replay a dead-lettered job as a new attempt."""
         item = self.store.replay(job_id, tenant)
-        self.transport.relay(self.store)
+        self._publish()
         return item.view()
 
     def jobs(

@@ -104,3 +104,62 @@ def test_group_commit_error_reaches_every_caller_of_the_round():
     for t in threads:
         t.join()
     assert len(errors) == 4 and gate.rounds == 1
+
+
+def test_group_commit_waiter_gives_up_at_its_timeout_and_the_round_still_runs():
+    gate: GroupCommit[int] = GroupCommit()
+    started, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def slow() -> int:
+        calls.append("slow")
+        started.set()
+        release.wait(30)
+        return 1
+
+    leader = threading.Thread(target=gate.run, args=(slow,))
+    leader.start()
+    assert started.wait(10)
+    with pytest.raises(TimeoutError):
+        gate.run(lambda: calls.append("mine") or 2, timeout_s=0.2)
+    release.set()
+    leader.join(10)
+    assert gate.run(lambda: calls.append("later") or 3, timeout_s=5) == 3
+    assert calls == ["slow", "later"]
+
+
+def test_stall_watch_rejoins_only_a_stalled_group_it_holds_nothing_of():
+    from agentdispatch.transports.kafka_watch import StallWatch
+
+    w = StallWatch(stall_s=10)
+    stuck = {0: (5, 9), 1: (3, 3)}
+    assert not w.observe(0, stuck, holding=False)  # first look
+    assert not w.observe(9, stuck, holding=False)  # not yet stall_s
+    assert w.observe(10, stuck, holding=False)  # lag, no commit moved for 10 s
+    assert not w.observe(15, stuck, holding=False)  # a whole new period after a rejoin
+    assert w.observe(20, stuck, holding=False)
+    # Progress, no lag, or partitions held here: never.
+    w = StallWatch(stall_s=10)
+    assert not w.observe(0, stuck, holding=False)
+    assert not w.observe(10, {0: (6, 9), 1: (3, 3)}, holding=False)
+    assert not w.observe(19, {0: (6, 9), 1: (3, 3)}, holding=False)
+    assert not w.observe(30, {0: (9, 9), 1: (3, 3)}, holding=False)
+    assert not w.observe(45, {0: (9, 9), 1: (3, 3)}, holding=False)
+    assert not w.observe(60, stuck, holding=True)
+    assert not w.observe(75, stuck, holding=True)
+
+
+def test_backlog_wait_grows_with_lag_over_rate_and_is_zero_when_unknown():
+    from agentdispatch.transports.kafka_watch import Backlog
+
+    b = Backlog()
+    assert b.wait_s(0) == 0.0
+    b.observe(0, {0: (0, 1000), 1: (0, 1000)})
+    assert b.wait_s(0) == 0.0  # no rate yet: no extra wait
+    b.observe(10, {0: (500, 1000), 1: (500, 1000)})  # 100 msgs/s, 1,000 left
+    assert b.wait_s(10) == pytest.approx(20.0)
+    assert b.wait_s(100) == 0.0  # stale
+    b.observe(20, {0: (500, 1000), 1: (500, 1000)})  # stalled: the rate decays, never read as 0 s
+    assert b.wait_s(20) > 20.0
+    b.observe(30, {0: (1000, 1000), 1: (1000, 1000)})
+    assert b.wait_s(30) == 0.0  # drained

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 from ..envelope import Envelope
 from ..errors import LeaseLost
@@ -105,6 +105,15 @@ class Schedule:
             "last_job_id": self.last_job_id,
             "created_at": self.created_at,
         }
+
+
+class OutboxRow(NamedTuple):
+    """An envelope not yet handed to an external transport, with its item's
+    ``seq`` (the session order, which a retry's position in a log does not keep)."""
+
+    id: int
+    envelope: Envelope
+    seq: int
 
 
 @dataclass(frozen=True)
@@ -327,7 +336,7 @@ class Store(Protocol):
         """Move a due schedule on to ``next_at`` if its next tick is still the
         one read (compare-and-set); False when another firer moved it first."""
 
-    def outbox_take(self, limit: int) -> list[tuple[int, Envelope]]:
+    def outbox_take(self, limit: int) -> list[OutboxRow]:
         """Envelope rows not yet handed to an external transport."""
 
     def outbox_done(self, row_ids: Sequence[int]) -> None:

@@ -25,7 +25,7 @@ from ..errors import JobNotFound, LeaseLost, TaskQueueUnavailable
 from ..sqlfiles import migrations
 from ..workitem import Lease, Outcome, Status, WorkItem
 from . import engine
-from .base import Accepted, Claim, Effect, EffectState, JobFilter, NewJob, Schedule, SweepReport, WorkerRow
+from .base import Accepted, Claim, Effect, EffectState, JobFilter, NewJob, OutboxRow, Schedule, SweepReport, WorkerRow
 from .pg_db import Conn, PgDb, describe, scalar
 from .pg_tx import SMALL_SUBMISSION, PostgresTx, Q
 from .rows import advance_params, effect_from_row, item_from_row, schedule_from_row, schedule_params, worker_from_row
@@ -442,9 +442,9 @@ class PostgresStore:
         params = advance_params(schedule, next_at, last_tick, last_job_id)
         return bool(self.db.run(lambda c: c.execute(Q["schedule_advance"], params).rowcount == 1, durable=True))
 
-    def outbox_take(self, limit: int) -> list[tuple[int, Envelope]]:
+    def outbox_take(self, limit: int) -> list[OutboxRow]:
         rows = self.db.read(lambda c: c.execute(Q["outbox_take"], {"limit": limit}).fetchall())
-        return [(int(r["id"]), Envelope.from_json(r["envelope"])) for r in rows]
+        return [OutboxRow(int(r["id"]), Envelope.from_json(r["envelope"]), int(r["item_seq"])) for r in rows]
 
     def outbox_done(self, row_ids: Sequence[int]) -> None:
         ids = list(row_ids)

@@ -25,6 +25,7 @@ from .base import (
     EffectState,
     JobFilter,
     NewJob,
+    OutboxRow,
     Schedule,
     SweepReport,
     WorkerRow,
@@ -491,9 +492,9 @@ class SqliteStore:
             params = {**advance_params(schedule, next_at, last_tick, last_job_id), "now": tx.now()}
             return tx.c.execute(Q["schedule_advance"], params).rowcount == 1
 
-    def outbox_take(self, limit: int) -> list[tuple[int, Envelope]]:
+    def outbox_take(self, limit: int) -> list[OutboxRow]:
         rows = self.db.conn().execute(Q["outbox_take"], (limit,))
-        return [(int(r["id"]), Envelope.from_json(r["envelope"])) for r in rows]
+        return [OutboxRow(int(r["id"]), Envelope.from_json(r["envelope"]), int(r["item_seq"])) for r in rows]
 
     def outbox_done(self, row_ids: Sequence[int]) -> None:
         with self._tx() as tx:

@@ -28,9 +28,10 @@ from ..errors import AgentDispatchError, QueueFull, TaskQueueUnavailable
 from ..quietlogs import demote
 from ..settings import KAFKA_GROUP, KAFKA_TOPIC, Settings
 from .base import Delivery, ack_each, get_each
-from .kafka_admin import TopicAdmin
-from .kafka_consumer import OwnedConsumer
+from .kafka_admin import TopicAdmin, TopicMissing
+from .kafka_consumer import SEQ_HEADER, OwnedConsumer
 from .kafka_producer import CoalescingProducer, GroupCommit, message_key
+from .kafka_watch import Backlog, StallWatch
 
 if TYPE_CHECKING:
     from ..stores.base import Store
@@ -65,8 +66,9 @@ class KafkaTransport:
         timeout_s: float = 10.0,
         linger_s: float = 0.0,
         coalesce: bool = True,
-        buffer_max: int = 64,
+        buffer_max: int = 256,
         keepalive_s: float = 1.0,
+        stall_s: float | None = None,
         client_config: dict[str, Any] | None = None,
     ) -> None:
         if not settings.kafka_bootstrap_servers:
@@ -75,8 +77,10 @@ class KafkaTransport:
         self.group = group
         self.wanted_partitions = settings.agent_turns_partitions
         # About one claim TTL: a ready item not run by then lost its message.
-        self.redeliver_after_s = settings.claim_ttl_s if redeliver_after_s is None else redeliver_after_s
+        self._redeliver_base_s = settings.claim_ttl_s if redeliver_after_s is None else redeliver_after_s
+        self._backlog = Backlog()
         self.keepalive_s = keepalive_s
+        self.timeout_s = timeout_s
         self.buffer_max = buffer_max
         base: dict[str, Any] = {
             "bootstrap.servers": settings.kafka_bootstrap_servers,
@@ -118,11 +122,32 @@ class KafkaTransport:
         self._stop = threading.Event()
         self._keepalive: threading.Thread | None = None
         self.handoffs = 0
+        self.rejoins = 0
+        # A consumer that saw no rebalance this long after an outage rejoins.
+        self.rejoin_s = max(2.0, session_timeout_ms / 1000)
+        # A group stalled this long with lag, none of it here, is rejoined.
+        self.stall_s = 2 * session_timeout_ms / 1000 if stall_s is None else stall_s
+        self._stall = StallWatch(self.stall_s)
+        self._watcher: threading.Thread | None = None
         self.auto_relay_s = 0.1
         self._outbox: Store | None = None
-        self._last_auto_relay = 0.0
+        self._relayer: threading.Thread | None = None
+        self._relay_wake = threading.Event()
         self._closed = False
         self._retired = {"assignments": 0, "revocations": 0}
+
+    @property
+    def redeliver_after_s(self) -> float:
+        """How long a published, unrun item may wait before the reconciler
+        re-publishes it: about a TTL, plus twice the time the group needs to
+        reach it through the current backlog. A deep but healthy backlog is
+        not a lost message: re-publishing it every TTL only lengthened the
+        log with duplicates (several per item after a broker restart)."""
+        return self._redeliver_base_s + self._backlog.wait_s(time.monotonic())
+
+    @redeliver_after_s.setter
+    def redeliver_after_s(self, value: float) -> None:
+        self._redeliver_base_s = value
 
     # -- health and admission ---------------------------------------------------
     def ping(self) -> None:
@@ -143,7 +168,14 @@ class KafkaTransport:
     def admit(self, n: int, max_depth: int) -> None:
         """Reject before anything is stored or produced when the lag plus ``n``
         would exceed the bound; an unknown lag rejects too."""
-        lag = self.depth()
+        try:
+            lag = self.depth()
+        except TopicMissing:
+            # A restarted broker that lost its log: re-create the topic (an
+            # empty one has no lag) rather than refuse every submission until
+            # a failed publish does it.
+            self.ping()
+            lag = self.depth()
         if lag + n > max_depth:
             raise QueueFull(f"queue full: {lag} unconsumed turns on Kafka, bound AGENT_DISPATCH_MAX_DEPTH={max_depth}")
 
@@ -152,9 +184,21 @@ class KafkaTransport:
         """Publish one envelope; returns after the broker confirmed it."""
         self.put_many([envelope])
 
-    def put_many(self, envelopes: Sequence[Envelope]) -> None:
-        """Publish a batch behind one delivery-confirmed flush."""
-        self.producer.put_many([(message_key(e.session_id, e.tenant), e.to_json().encode()) for e in envelopes])
+    def put_many(self, envelopes: Sequence[Envelope], seqs: Sequence[int | None] | None = None) -> None:
+        """Publish a batch behind one delivery-confirmed flush. ``seqs`` (the
+        items' session order) ride in a header: a consumer orders a session's
+        messages by it, since a retry lands behind the turns that follow it."""
+        order = seqs if seqs is not None else [None] * len(envelopes)
+        self.producer.put_many(
+            [
+                (
+                    message_key(e.session_id, e.tenant),
+                    e.to_json().encode(),
+                    None if seq is None else [(SEQ_HEADER, str(seq).encode())],
+                )
+                for e, seq in zip(envelopes, order, strict=True)
+            ]
+        )
 
     def relay(self, store: Store) -> int:
         """Publish the store's outbox; concurrent callers share one round.
@@ -163,22 +207,41 @@ class KafkaTransport:
         with self._lock:
             gate = self._relays.setdefault(id(store), GroupCommit())
             self._outbox = store
-        return gate.run(lambda: self._drain(store))
+        try:
+            # Waiting for others' rounds is bounded; our own round is bounded
+            # by the producer's flush timeout.
+            return gate.run(lambda: self._drain(store), timeout_s=self.timeout_s)
+        except TimeoutError:
+            raise TaskQueueUnavailable(
+                f"publishing to Kafka did not finish within {self.timeout_s:g} s; "
+                "stored turns stay in the outbox and the reconciler publishes them"
+            ) from None
 
     def _auto_relay(self) -> None:
         # A fenced commit that schedules a retry, or releases dependants, writes
-        # outbox rows that nobody publishes until the next reconciler pass; the
-        # consumers publish them promptly (rate-limited), best effort.
-        store = self._outbox
-        now = time.monotonic()
+        # outbox rows that nobody publishes until the next reconciler pass; a
+        # background relay publishes them promptly (rate-limited), best effort,
+        # so a consumer never waits on a flush (or on a dead broker).
+        if self._outbox is None:
+            return
         with self._lock:
-            if store is None or now - self._last_auto_relay < self.auto_relay_s:
+            if self._relayer is None and not self._closed:
+                self._relayer = threading.Thread(target=self._relay_loop, name="kafka-relay", daemon=True)
+                self._relayer.start()
+        self._relay_wake.set()
+
+    def _relay_loop(self) -> None:
+        while not self._stop.is_set():
+            self._relay_wake.wait()
+            self._relay_wake.clear()
+            store = self._outbox
+            if self._stop.is_set() or store is None:
                 return
-            self._last_auto_relay = now
-        try:
-            self.relay(store)
-        except AgentDispatchError as exc:
-            log.debug("opportunistic relay failed (the reconciler retries): %s", exc)
+            try:
+                self.relay(store)
+            except AgentDispatchError as exc:
+                log.debug("opportunistic relay failed (the reconciler retries): %s", exc)
+            self._stop.wait(self.auto_relay_s)
 
     def _drain(self, store: Store) -> int:
         total = 0
@@ -186,8 +249,8 @@ class KafkaTransport:
             rows = store.outbox_take(RELAY_BATCH)
             if not rows:
                 return total
-            self.put_many([env for _, env in rows])
-            store.outbox_done([row_id for row_id, _ in rows])  # only after delivery
+            self.put_many([r.envelope for r in rows], [r.seq for r in rows])
+            store.outbox_done([r.id for r in rows])  # only after delivery
             total += len(rows)
             if len(rows) < RELAY_BATCH:
                 return total
@@ -202,6 +265,8 @@ class KafkaTransport:
             if self._keepalive is None:
                 self._keepalive = threading.Thread(target=self._keepalive_loop, name="kafka-keepalive", daemon=True)
                 self._keepalive.start()
+                self._watcher = threading.Thread(target=self._watch_loop, name="kafka-group-watch", daemon=True)
+                self._watcher.start()
             return oc
 
     def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
@@ -249,14 +314,46 @@ class KafkaTransport:
             now = time.monotonic()
             for oc in consumers:
                 try:
+                    if oc.lost_group(now, self.rejoin_s):
+                        self._rejoin(oc)
+                        continue
                     oc.keepalive(now, self.keepalive_s, self._handoff)
                 except Exception as exc:  # keep the thread alive; the owner sees errors itself
                     log.warning("keepalive poll failed (%s)", type(exc).__name__)
 
+    def _watch_loop(self) -> None:
+        # Its own thread: the probe may wait on the broker, which must not
+        # delay the keepalive polls.
+        while not self._stop.wait(max(0.5, self.stall_s / 4)):
+            with self._lock:
+                consumers = [oc for oc in self._consumers.values() if not oc.closed]
+            if not consumers:
+                continue
+            try:
+                positions = self._admin.positions()
+            except AgentDispatchError:
+                continue  # unreachable or no topic: nothing to consume yet
+            holding = any(oc.assigned for oc in consumers)
+            self._backlog.observe(time.monotonic(), positions)
+            if self._stall.observe(time.monotonic(), positions, holding):
+                log.warning("the consumer group made no progress with turns waiting: rejoining the group")
+                for oc in consumers:
+                    self.rejoins += 1
+                    self._retire(oc)
+
+    def _rejoin(self, oc: OwnedConsumer) -> None:
+        log.warning("a Kafka consumer saw no rebalance after the brokers came back: rejoining the group")
+        self.rejoins += 1
+        self._retire(oc)
+
     def _handoff(self, oc: OwnedConsumer) -> None:
         log.info("a delivery outlived its visibility: handing its partitions to other consumers")
-        oc.close()
         self.handoffs += 1
+        self._retire(oc)
+
+    def _retire(self, oc: OwnedConsumer) -> None:
+        # The owner's next get creates a new consumer (a new group member).
+        oc.close()
         for k, v in oc.stats().items():
             if k in self._retired:
                 self._retired[k] += v
@@ -278,6 +375,7 @@ class KafkaTransport:
             "assignments": self._retired["assignments"] + sum(s["assignments"] for s in per),
             "revocations": self._retired["revocations"] + sum(s["revocations"] for s in per),
             "handoffs": self.handoffs,
+            "rejoins": self.rejoins,
         }
 
     def close(self) -> None:
@@ -286,8 +384,10 @@ class KafkaTransport:
             return
         self._closed = True
         self._stop.set()
-        if self._keepalive is not None:
-            self._keepalive.join(timeout=5)
+        self._relay_wake.set()
+        for t in (self._keepalive, self._relayer, self._watcher):
+            if t is not None:
+                t.join(timeout=5)
         with self._lock:
             consumers = list(self._consumers.values())
             self._consumers.clear()

@@ -8,6 +8,7 @@ of a librdkafka exception can contain broker addresses, so only error codes
 from __future__ import annotations
 
 import threading
+import time
 from enum import StrEnum
 from typing import Any
 
@@ -17,6 +18,10 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic  # type: 
 from ..errors import DepthUnavailable, TaskQueueUnavailable
 
 UNREACHABLE = "Kafka is unreachable: check KAFKA_BOOTSTRAP_SERVERS and that the broker is running"
+
+
+class TopicMissing(DepthUnavailable):
+    """The broker answers but has no such topic (a broker that lost its log)."""
 
 
 class Plan(StrEnum):
@@ -61,13 +66,13 @@ class TopicAdmin:
         self._probe = Consumer({**config, "group.id": group, "enable.auto.commit": False})
         self._lock = threading.Lock()
 
-    def partitions(self) -> int | None:
+    def partitions(self, timeout_s: float | None = None) -> int | None:
         """Partition count of the topic, ``None`` when it does not exist.
         Raises :class:`TaskQueueUnavailable` when the broker does not answer."""
         try:
             # All topics: asking for one by name lets some brokers auto-create it
             # with their default partition count.
-            md = self._admin.list_topics(timeout=self.timeout_s)
+            md = self._admin.list_topics(timeout=self.timeout_s if timeout_s is None else timeout_s)
         except Exception:
             raise TaskQueueUnavailable(UNREACHABLE) from None
         if not md.brokers:
@@ -113,26 +118,43 @@ class TopicAdmin:
         """Sum over partitions of high watermark minus committed offset of the
         group. Any failure, or missing metadata, raises :class:`DepthUnavailable`
         -- an unknown depth is never read as an empty queue."""
+        return sum(max(0, high - done) for done, high in self.positions().values())
+
+    def positions(self) -> dict[int, tuple[int, int]]:
+        """Per partition: the group's committed offset (the log start when
+        nothing is committed) and the high watermark. Raises
+        :class:`DepthUnavailable` like :meth:`lag`."""
+        # One deadline for the whole probe (metadata, committed offsets, each
+        # partition's watermarks), so an admission never waits much longer
+        # than ``timeout_s`` on a broker that stopped answering.
+        deadline = time.monotonic() + self.timeout_s
+
+        def left() -> float:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DepthUnavailable(f"Kafka lag unavailable: no answer within {self.timeout_s:g} s")
+            return remaining
+
         with self._lock:
             try:
-                n = self.partitions()
+                n = self.partitions(left())
             except TaskQueueUnavailable:
                 raise DepthUnavailable("Kafka lag unavailable: broker unreachable") from None
             if not n:
-                raise DepthUnavailable(f"Kafka lag unavailable: no metadata for topic {self.topic}")
+                raise TopicMissing(f"Kafka lag unavailable: no metadata for topic {self.topic}")
             tps = [TopicPartition(self.topic, p) for p in range(n)]
             try:
-                committed = self._probe.committed(tps, timeout=self.timeout_s)
-                total = 0
+                committed = self._probe.committed(tps, timeout=left())
+                out: dict[int, tuple[int, int]] = {}
                 for tp in committed:
                     if tp.error is not None:
                         raise DepthUnavailable(f"Kafka lag unavailable: {tp.error.name()}")
                     low, high = self._probe.get_watermark_offsets(
-                        TopicPartition(self.topic, tp.partition), timeout=self.timeout_s
+                        TopicPartition(self.topic, tp.partition), timeout=left()
                     )
                     done = tp.offset if tp.offset >= 0 else low  # no commit yet: from the start
-                    total += max(0, high - max(done, low))
-                return total
+                    out[tp.partition] = (max(done, low), high)
+                return out
             except DepthUnavailable:
                 raise
             except Exception as exc:

@@ -9,10 +9,20 @@ forward over a contiguous acknowledged prefix.
 ``release`` keeps the message in the buffer, uncommitted, until ``delay_s``
 passes: no re-publish, nothing a crash could lose (an uncommitted message is
 fetched again by whoever owns the partition next).
+
+Session order: the buffered messages of one session (tenant and session id)
+are ordered by the item's ``seq`` header, not by offset, because a retry is
+re-published behind the turns that follow it. Only a session's first message
+in that order may be handed out; while it is held back (released busy) the
+whole session waits, as the store would refuse its later turns anyway. Such
+waiting messages do not count against ``buffer_max`` (only a session's head
+that may run now does), so fetching goes on until the message a session waits
+for arrives; ``HARD_FACTOR * buffer_max`` bounds the memory.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import itertools
 import json
@@ -32,6 +42,15 @@ _SEQ = itertools.count()
 #: The longest a fresh assignment waits for every partition's backlog.
 WARMUP_S = 1.0
 
+#: The header carrying the item's session order (its ``seq`` in the store).
+SEQ_HEADER = "agentdispatch-seq"
+
+#: Messages that cannot run now may fill the buffer up to this many times
+#: ``buffer_max`` before fetching pauses regardless.
+HARD_FACTOR = 16
+
+Group = tuple[int, str, str]
+
 
 @dataclass
 class _Entry:
@@ -39,7 +58,8 @@ class _Entry:
 
     partition: int
     offset: int
-    key: bytes
+    group: Group  # (partition, tenant, session): the unit of session order
+    order: tuple[int, int]  # (seq, offset); seq -1 when the header is missing
     raw: str
     priority: int
     deadline: float | None
@@ -50,20 +70,36 @@ class _Entry:
     visibility_s: float = 0.0
 
 
+def _seq(msg: Message) -> int:
+    headers = msg.headers() or []
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    for name, value in pairs:
+        if name == SEQ_HEADER and value:
+            with contextlib.suppress(ValueError):
+                return int(value)
+    return -1  # published without one (an older relay): before any that has one
+
+
 def _entry(msg: Message) -> _Entry:
     raw = (msg.value() or b"").decode("utf-8", "replace")
+    partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
     priority, deadline = 0, None
+    group: Group = (partition, "", f"#{offset}")  # unparseable: a group of its own (poison)
     try:  # ordering hints only; validation (poison) is the worker's job
         body = json.loads(raw)
         priority = int(body.get("priority") or 0)
         d = body.get("deadline_unix")
         deadline = float(d) if d is not None else None
-    except (ValueError, TypeError, AttributeError):
+        tenant, session = body["tenant"], body["session_id"]
+        if isinstance(tenant, str) and isinstance(session, str):
+            group = (partition, tenant, session)
+    except (ValueError, TypeError, AttributeError, KeyError):
         pass
     return _Entry(
-        partition=int(msg.partition() or 0),
-        offset=int(msg.offset() or 0),
-        key=msg.key() or b"",
+        partition=partition,
+        offset=offset,
+        group=group,
+        order=(_seq(msg), offset),
         raw=raw,
         priority=priority,
         deadline=deadline,
@@ -85,7 +121,10 @@ class OwnedConsumer:
         self.assigned: set[int] = set()
         self.revocations = 0
         self.assignments = 0
-        self._buffer: list[_Entry] = []
+        self.hard_max = buffer_max * HARD_FACTOR
+        # Each session's buffered messages in session order: only the first may run.
+        self._groups: dict[Group, list[_Entry]] = {}
+        self._buffered = 0
         self._inflight: dict[tuple[int, int], _Entry] = {}
         self._outstanding: dict[int, set[int]] = {}
         self._next: dict[int, int] = {}
@@ -93,12 +132,24 @@ class OwnedConsumer:
         self._paused = False
         self._eof: set[int] = set()
         self._assigned_at = 0.0
-        self._c = Consumer({**config, "enable.partition.eof": True})
+        # Group liveness: when every broker went away, a consumer must see a
+        # rebalance (a fresh assignment, possibly empty) once they are back.
+        self.outage_at: float | None = None
+        self.rebalanced_at = time.monotonic()
+        self._error_sink = config.get("error_cb")
+        self._c = Consumer({**config, "enable.partition.eof": True, "error_cb": self._on_error})
         self._c.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
 
     # -- rebalance callbacks (run inside poll, under self.lock) ---------------
+    def _on_error(self, err: KafkaError) -> None:
+        if err.code() == KafkaError._ALL_BROKERS_DOWN:
+            self.outage_at = time.monotonic()
+        if self._error_sink is not None:
+            self._error_sink(err)
+
     def _on_assign(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
         self.assignments += 1
+        self.rebalanced_at = time.monotonic()
         self.assigned = {p.partition for p in parts}
         self._paused = False
         self._eof = set()
@@ -106,12 +157,12 @@ class OwnedConsumer:
 
     def _on_revoke(self, consumer: Consumer, parts: list[TopicPartition]) -> None:
         self.revocations += 1
+        self.rebalanced_at = time.monotonic()
         gone = {p.partition for p in parts}
         self.assigned -= gone
         # Uncommitted messages of revoked partitions are re-fetched by the next
         # owner; deliveries in flight become stale (their ack is refused).
-        self._buffer = [e for e in self._buffer if e.partition not in gone]
-        self._inflight = {k: e for k, e in self._inflight.items() if e.partition not in gone}
+        self._drop(gone)
         for p in gone:
             self._outstanding.pop(p, None)
             self._next.pop(p, None)
@@ -122,6 +173,7 @@ class OwnedConsumer:
         """One poll; buffers what arrives (also called by the keepalive)."""
         msg = self._c.poll(timeout)
         self.last_poll = time.monotonic()
+        fetched = 0
         while msg is not None:
             err = msg.error()
             if err is None:
@@ -131,7 +183,8 @@ class OwnedConsumer:
             elif err.code() == KafkaError._PARTITION_EOF:
                 self._eof.add(int(msg.partition() or 0))
             # else transient (broker restart, rebalance): librdkafka recovers
-            if len(self._buffer) >= self.buffer_max:
+            fetched += 1
+            if fetched >= self.buffer_max or self._buffered >= self.hard_max:
                 break
             msg = self._c.poll(0)  # drain what is already fetched, without waiting
         self._backpressure()
@@ -146,15 +199,28 @@ class OwnedConsumer:
             self._rewound(e.partition)  # the broker lost its log: start the partition over
         self._outstanding.setdefault(e.partition, set()).add(e.offset)
         self._next[e.partition] = max(self._next.get(e.partition, 0), e.offset + 1)
-        self._buffer.append(e)
+        self._push(e)
+
+    def _push(self, e: _Entry) -> None:
+        bisect.insort(self._groups.setdefault(e.group, []), e, key=lambda x: x.order)
+        self._buffered += 1
+
+    def _drop(self, parts: set[int]) -> None:
+        """Forget the buffered and in-flight messages of ``parts``."""
+        for g in [g for g in self._groups if g[0] in parts]:
+            self._buffered -= len(self._groups.pop(g))
+        self._inflight = {k: e for k, e in self._inflight.items() if e.partition not in parts}
 
     def _rewound(self, part: int) -> None:
         # Offsets of the old log mean nothing now; in-flight deliveries of the
         # partition become stale (their turns still commit in the store).
-        self._buffer = [e for e in self._buffer if e.partition != part]
-        self._inflight = {k: e for k, e in self._inflight.items() if e.partition != part}
+        self._drop({part})
         for d in (self._outstanding, self._next, self._committed):
             d.pop(part, None)
+
+    def _runnable(self, now: float) -> int:
+        """Sessions whose first message may run now (what ``buffer_max`` bounds)."""
+        return sum(1 for q in self._groups.values() if q[0].visible_at <= now)
 
     def _backpressure(self) -> None:
         # A full buffer pauses fetching; the consumer keeps polling (staying a
@@ -162,10 +228,11 @@ class OwnedConsumer:
         parts = [TopicPartition(self.topic, p) for p in sorted(self.assigned)]
         if not parts:
             return
-        if not self._paused and len(self._buffer) >= self.buffer_max:
+        runnable = self._runnable(time.monotonic())
+        if not self._paused and (runnable >= self.buffer_max or self._buffered >= self.hard_max):
             self._c.pause(parts)
             self._paused = True
-        elif self._paused and len(self._buffer) <= self.buffer_max // 2:
+        elif self._paused and runnable <= self.buffer_max // 2 and self._buffered < self.hard_max:
             self._c.resume(parts)
             self._paused = False
 
@@ -173,28 +240,32 @@ class OwnedConsumer:
         # Right after an assignment partitions start fetching one by one; wait
         # (briefly) until each reached its end once, so the first pick sees the
         # backlog of every partition and honours deadlines and priorities.
-        return self.assigned <= self._eof or len(self._buffer) >= self.buffer_max or now - self._assigned_at >= WARMUP_S
+        if self.assigned <= self._eof or now - self._assigned_at >= WARMUP_S:
+            return True
+        return self._buffered >= self.hard_max or self._runnable(now) >= self.buffer_max
 
     def _pick(self, now_mono: float, now_unix: float) -> _Entry | None:
         """Expired deadlines first, then priority, then arrival; only the first
-        buffered message of each key (session) is eligible, so a session's
-        turns are handed out in order."""
-        heads: dict[tuple[int, bytes], _Entry] = {}
-        for e in self._buffer:
-            k = (e.partition, e.key)
-            if k not in heads or e.offset < heads[k].offset:
-                heads[k] = e
-        ready = [e for e in heads.values() if e.visible_at <= now_mono]
-        if not ready:
-            return None
-        return min(
-            ready,
-            key=lambda e: (
-                not (e.deadline is not None and e.deadline <= now_unix),
-                -e.priority,
-                e.seq,
-            ),
-        )
+        message of each session (in session order) is eligible, and none of a
+        session with a message in flight here."""
+        busy = {e.group for e in self._inflight.values()}
+        best: _Entry | None = None
+        best_key: tuple[bool, int, int] | None = None
+        for g, q in self._groups.items():
+            e = q[0]
+            if e.visible_at > now_mono or g in busy:
+                continue
+            k = (not (e.deadline is not None and e.deadline <= now_unix), -e.priority, e.seq)
+            if best_key is None or k < best_key:
+                best, best_key = e, k
+        return best
+
+    def _take(self, e: _Entry) -> None:
+        q = self._groups[e.group]
+        q.remove(e)
+        if not q:
+            del self._groups[e.group]
+        self._buffered -= 1
 
     def get(self, visibility_s: float, wait_s: float) -> Delivery | None:
         """Hand out one message, polling up to ``wait_s`` for one."""
@@ -205,7 +276,7 @@ class OwnedConsumer:
                 now = time.monotonic()
                 e = self._pick(now, time.time()) if self._warm(now) else None
                 if e is not None:
-                    self._buffer.remove(e)
+                    self._take(e)
                     e.deliveries += 1
                     e.taken_at, e.visibility_s = now, visibility_s
                     self._inflight[(e.partition, e.offset)] = e
@@ -256,7 +327,7 @@ class OwnedConsumer:
                 return False
             del self._inflight[(e.partition, e.offset)]
             e.visible_at = time.monotonic() + max(0.0, delay_s)
-            self._buffer.append(e)
+            self._push(e)
             return True
 
     # -- keepalive -------------------------------------------------------------
@@ -278,11 +349,27 @@ class OwnedConsumer:
         finally:
             self.lock.release()
 
+    def lost_group(self, now: float, rejoin_s: float) -> bool:
+        """True when every broker went away ``rejoin_s`` ago or more and no
+        rebalance has reached this consumer since: a broker that lost its
+        group state (or a coordinator that forgot this member) leaves it
+        polling outside the group for good; only a new member rejoins.
+        Consumers with a delivery in flight wait for its ack."""
+        outage = self.outage_at
+        if outage is None or self.rebalanced_at >= outage or now - outage < rejoin_s:
+            return False
+        if not self.lock.acquire(blocking=False):
+            return False
+        try:
+            return not self.closed and not self._inflight
+        finally:
+            self.lock.release()
+
     def stats(self) -> dict[str, int]:
         """Counters for tests and metrics."""
         with self.lock:
             return {
-                "buffered": len(self._buffer),
+                "buffered": self._buffered,
                 "inflight": len(self._inflight),
                 "assignments": self.assignments,
                 "revocations": self.revocations,
@@ -294,7 +381,8 @@ class OwnedConsumer:
             if self.closed:
                 return
             self.closed = True
-            self._buffer.clear()
+            self._groups.clear()
+            self._buffered = 0
             self._inflight.clear()
             # Already closed or broker gone: leaving is best effort.
             with contextlib.suppress(Exception):

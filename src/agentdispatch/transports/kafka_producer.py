@@ -9,6 +9,7 @@ returns only after the broker confirmed every one of its messages
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import threading
@@ -23,6 +24,11 @@ from ..errors import TaskQueueUnavailable
 log = logging.getLogger("agentdispatch.kafka")
 
 T = TypeVar("T")
+
+#: Message headers: name and value pairs, or None.
+Headers = list[tuple[str, str | bytes | None]] | None
+#: One message to publish: key, value, headers.
+Record = tuple[bytes, bytes, Headers]
 
 #: A key that only spreads messages over partitions; it is not a secret (the
 #: envelope in the value carries the ids anyway), it just keeps names out of keys.
@@ -64,15 +70,21 @@ class GroupCommit(Generic[T]):
         self._next: _Round[T] = _Round()
         self._running = False
 
-    def run(self, fn: Callable[[], T]) -> T:
-        """Join the next round (leading it when nobody runs); return its result."""
+    def run(self, fn: Callable[[], T], timeout_s: float | None = None) -> T:
+        """Join the next round (leading it when nobody runs); return its result.
+        A caller that waits for others' rounds longer than ``timeout_s`` gets
+        :class:`TimeoutError` (its round still runs, led by a later caller)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._cond:
             rnd = self._next
             while not rnd.finished:
                 if not self._running:
                     self._running = True
                     break
-                self._cond.wait()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"the round did not finish within {timeout_s:g} s")
+                self._cond.wait(remaining)
             else:
                 if rnd.error is not None:
                     raise rnd.error
@@ -140,7 +152,8 @@ class CoalescingProducer:
         self._p = Producer(conf)
         self.resets = 0
         self._gate: GroupCommit[None] = GroupCommit(linger_s)
-        self._serial = threading.Lock()
+        self._serial = threading.RLock()
+        self._checking = threading.Lock()
         self.messages = 0
         self._flushes_serial = 0
 
@@ -149,47 +162,62 @@ class CoalescingProducer:
         """Delivery-confirmed flushes so far (tests assert coalescing with it)."""
         return self._gate.rounds + self._flushes_serial
 
-    def put(self, key: bytes, value: bytes) -> None:
+    def put(self, key: bytes, value: bytes, headers: Headers = None) -> None:
         """Publish one message; returns once the broker confirmed it."""
-        self.put_many([(key, value)])
+        self.put_many([(key, value, headers)])
 
-    def put_many(self, records: Sequence[tuple[bytes, bytes]]) -> None:
+    def put_many(self, records: Sequence[Record]) -> None:
         """Publish a batch behind one delivery-confirmed flush."""
         if not records:
             return
         batch = _Batch(len(records))
+        client = self._p  # the client this batch goes to; a reset replaces it once
         if not self.coalesce:  # the benchmark's baseline: one flush per call
             with self._serial:
-                self._produce(records, batch)
+                self._produce(client, records, batch)
                 self._flush()
                 self._flushes_serial += 1
         else:
-            self._produce(records, batch)
-            self._gate.run(self._flush)
-        self._check(batch)
+            self._produce(client, records, batch)
+            # The round in progress and ours, each bounded by the flush timeout;
+            # on a timeout _check reports the unconfirmed messages.
+            with contextlib.suppress(TimeoutError):
+                self._gate.run(self._flush, timeout_s=2 * self.flush_timeout_s)
+        self._check(client, batch)
 
-    def _produce(self, records: Sequence[tuple[bytes, bytes]], batch: _Batch) -> None:
-        for key, value in records:
+    def _produce(self, client: Producer, records: Sequence[Record], batch: _Batch) -> None:
+        deadline = time.monotonic() + self.flush_timeout_s
+        for key, value, headers in records:
             while True:
                 try:
-                    self._p.produce(self.topic, value=value, key=key, on_delivery=batch.report)
+                    client.produce(self.topic, value=value, key=key, headers=headers, on_delivery=batch.report)
                     break
                 except BufferError:
-                    self._p.poll(0.05)  # local queue full: serve reports, retry
+                    # Local queue full: serve reports and retry, but not for
+                    # ever (a dead broker leaves the queue full until timeouts).
+                    if time.monotonic() >= deadline:
+                        raise TaskQueueUnavailable(
+                            f"Kafka's local queue stayed full for {self.flush_timeout_s:g} s (broker unreachable?)"
+                        ) from None
+                    client.poll(0.05)
                 except Exception as exc:  # KafkaException: never echo its text
+                    # A fatal error (the idempotent producer's state lost by a
+                    # restarted broker) leaves this client useless: replace it.
+                    self._reset(client)
                     raise TaskQueueUnavailable(f"Kafka refused the message ({type(exc).__name__})") from None
         self.messages += len(records)
 
     def _flush(self) -> None:
-        self._p.flush(self.flush_timeout_s)
+        try:
+            self._p.flush(self.flush_timeout_s)
+        except Exception as exc:  # a fatal client error surfaces here too
+            # The callers' _check sees their messages unconfirmed and resets.
+            log.debug("Kafka flush failed (%s)", type(exc).__name__)
 
-    def _check(self, batch: _Batch) -> None:
+    def _check(self, client: Producer, batch: _Batch) -> None:
         if batch.pending or batch.errors:
-            self._reset()
-            if self.on_failure is not None:
-                # A broker that lost its log lost the topic too; messages for a
-                # missing topic just time out, so check the topic on any failure.
-                self.on_failure()
+            self._reset(client)
+            self._after_failure()
         if batch.pending > 0:
             raise TaskQueueUnavailable(
                 f"Kafka did not confirm {batch.pending} message(s) within {self.flush_timeout_s:g} s"
@@ -198,15 +226,36 @@ class CoalescingProducer:
             codes = sorted(set(batch.errors))
             raise TaskQueueUnavailable(f"Kafka delivery failed for {len(batch.errors)} message(s): {', '.join(codes)}")
 
-    def _reset(self) -> None:
+    def _after_failure(self) -> None:
+        # A broker that lost its log lost the topic too; messages for a missing
+        # topic just time out, so check the topic on any failure -- in the
+        # background: the caller already waited its flush timeout.
+        if self.on_failure is None or not self._checking.acquire(blocking=False):
+            return
+        on_failure = self.on_failure
+
+        def check() -> None:
+            try:
+                on_failure()
+            finally:
+                self._checking.release()
+
+        threading.Thread(target=check, name="kafka-topic-check", daemon=True).start()
+
+    def _reset(self, client: Producer) -> None:
         # A restarted broker may have lost the idempotent producer's state (and
-        # the old client keeps waiting on it): start over with a new producer.
-        # Callers whose messages sat in the old one already got their error.
+        # the old client keeps waiting on it): start over with a new producer,
+        # once per failed client (every caller of a failed round reports it;
+        # only the first replaces it, so no caller purges a fresh client).
+        # Callers whose messages sat in the old one get their error.
         with self._serial:
-            old, self._p = self._p, Producer(self._conf)
+            if self._p is not client:
+                return
+            self._p = Producer(self._conf)
             self.resets += 1
-        old.purge()
-        old.flush(0)
+        with contextlib.suppress(Exception):
+            client.purge()
+            client.flush(0)
 
     def close(self) -> None:
         """Flush what is left (bounded) and drop the client."""

@@ -284,7 +284,7 @@ ORDER BY started_at, worker_id
 DELETE FROM dispatch_workers WHERE worker_id = %(id)s
 
 -- name: outbox_take
-SELECT id, envelope FROM agent_dispatch_queue ORDER BY id LIMIT %(limit)s
+SELECT id, envelope, item_seq FROM agent_dispatch_queue ORDER BY id LIMIT %(limit)s
 
 -- name: outbox_done
 DELETE FROM agent_dispatch_queue WHERE id = ANY(%(ids)b::bigint[])

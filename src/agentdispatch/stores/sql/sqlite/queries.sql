@@ -179,7 +179,7 @@ SELECT * FROM dispatch_workers WHERE last_heartbeat >= ? ORDER BY started_at, wo
 DELETE FROM dispatch_workers WHERE worker_id = ?
 
 -- name: outbox_take
-SELECT id, envelope FROM agent_dispatch_queue ORDER BY id LIMIT ?
+SELECT id, envelope, item_seq FROM agent_dispatch_queue ORDER BY id LIMIT ?
 
 -- name: outbox_done
 DELETE FROM agent_dispatch_queue WHERE id = ?
