@@ -24,9 +24,10 @@ from typing import Any
 
 import pytest
 
-from agentdispatch import Status, Submission
+from agentdispatch import NOT_HAPPENED, Status, Submission
 from agentdispatch.dispatch import Dispatcher
 from agentdispatch.handlers import Registry
+from agentdispatch.lease import NotHappened
 from agentdispatch.settings import Settings, load_settings
 from agentdispatch.stores.sqlite import SqliteStore
 from agentdispatch.transports.kafka import KafkaTransport
@@ -56,6 +57,12 @@ def _append(sink: str, line: str) -> None:
         f.write(line + "\n")
 
 
+def _effect_seen(sink: str, job_id: str) -> NotHappened | None:
+    """None (the effect's result) if ``job_id``'s effect is in the sink."""
+    with open(sink) as f:
+        return None if any(line.startswith(f"effect {job_id} ") for line in f) else NOT_HAPPENED
+
+
 def worker_main(data_dir: str, bootstrap: str, sink: str, threads: int) -> None:
     """A worker process whose handler logs start/effect/end lines to ``sink``."""
     faulthandler.enable()  # a crash in the Kafka client leaves its traceback in the log
@@ -68,8 +75,12 @@ def worker_main(data_dir: str, bootstrap: str, sink: str, threads: int) -> None:
         _append(sink, f"start {turn.job_id} {turn.session_id} {pid} {time.time()}")
         try:
             time.sleep(float(turn.payload["sleep"]))
+            # A SIGKILL between the ledger's "intended" and "committed" leaves
+            # the effect unknown: the sink says whether it happened.
             guard.side_effect(
-                f"fx:{turn.job_id}", lambda: _append(sink, f"effect {turn.job_id} {turn.session_id} {pid}")
+                f"fx:{turn.job_id}",
+                lambda: _append(sink, f"effect {turn.job_id} {turn.session_id} {pid}"),
+                verify=lambda: _effect_seen(sink, turn.job_id),
             )
             return "ok"
         finally:
