@@ -4,10 +4,27 @@ ALTER TABLE work_items ADD COLUMN checkpoint TEXT;
 
 -- Fair claims, in the order PostgreSQL claims (migration 004 there): expired
 -- deadlines first; then priority, least-recently-served tenant, least-recently-
--- served group (the session), deadline, enqueue order. One row per (priority,
--- tenant) and per (priority, session) with queued rows, kept by the triggers
--- below on every path that adds, claims or removes a queue row. SQLite has one
--- writer at a time, so a claim sees every earlier claim's marks.
+-- served group (the session), deadline, enqueue order. SQLite has one writer at
+-- a time, so a claim sees every earlier claim's marks.
+--
+-- Tenants: one row per (priority, tenant) with queued rows, kept by triggers.
+-- Sessions: marked on the queue rows themselves (no table to write per turn).
+-- group_served is when the session was last served (0: never) on its head
+-- row, and +Inf on the rows behind the head, so a tenant's eligible heads come
+-- first in index order. A claim stamps the row it claims; when a head leaves
+-- the queue, the next row of its session inherits the stamp.
+ALTER TABLE agent_dispatch_queue ADD COLUMN group_served REAL NOT NULL DEFAULT 0;
+UPDATE agent_dispatch_queue SET group_served = 9e999
+WHERE EXISTS (
+    SELECT 1 FROM agent_dispatch_queue p
+    WHERE p.session_ref = agent_dispatch_queue.session_ref
+      AND (p.item_seq < agent_dispatch_queue.item_seq
+           OR (p.item_seq = agent_dispatch_queue.item_seq AND p.id < agent_dispatch_queue.id))
+);
+CREATE INDEX IF NOT EXISTS queue_fair
+    ON agent_dispatch_queue (tenant_ref, priority, group_served, coalesce(deadline_unix, 9e999), item_seq, id);
+DROP INDEX IF EXISTS queue_order;
+
 -- last_served is the claim's time (one writer at a time on one host's clock:
 -- no sequence to read and write on every claim).
 CREATE TABLE IF NOT EXISTS dispatch_fair_tenants (
@@ -18,58 +35,39 @@ CREATE TABLE IF NOT EXISTS dispatch_fair_tenants (
     PRIMARY KEY (priority, tenant_ref)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS fair_tenants_order ON dispatch_fair_tenants (priority DESC, last_served, since);
-CREATE TABLE IF NOT EXISTS dispatch_fair_groups (
-    priority     INTEGER NOT NULL,
-    group_ref    TEXT NOT NULL,
-    tenant_ref   TEXT NOT NULL,
-    deadline_key REAL NOT NULL,
-    since        INTEGER NOT NULL,
-    last_served  REAL NOT NULL DEFAULT 0,
-    PRIMARY KEY (priority, group_ref)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS fair_groups_order
-    ON dispatch_fair_groups (tenant_ref, priority, last_served, deadline_key, since);
-
-INSERT OR IGNORE INTO dispatch_fair_groups (priority, group_ref, tenant_ref, deadline_key, since)
-SELECT priority, session_ref, min(tenant_ref), coalesce(min(deadline_unix), 9e999), min(id)
-FROM agent_dispatch_queue GROUP BY priority, session_ref;
 INSERT OR IGNORE INTO dispatch_fair_tenants (priority, tenant_ref, since)
 SELECT priority, tenant_ref, min(id) FROM agent_dispatch_queue GROUP BY priority, tenant_ref;
 
 CREATE TRIGGER IF NOT EXISTS queue_fair_added AFTER INSERT ON agent_dispatch_queue
 BEGIN
-    INSERT OR IGNORE INTO dispatch_fair_groups (priority, group_ref, tenant_ref, deadline_key, since)
-    VALUES (NEW.priority, NEW.session_ref, NEW.tenant_ref, coalesce(NEW.deadline_unix, 9e999), NEW.id);
-    -- An earlier deadline moves the group forward.
-    UPDATE dispatch_fair_groups SET deadline_key = NEW.deadline_unix
-    WHERE NEW.deadline_unix IS NOT NULL AND priority = NEW.priority AND group_ref = NEW.session_ref
-      AND deadline_key > NEW.deadline_unix;
     INSERT OR IGNORE INTO dispatch_fair_tenants (priority, tenant_ref, since)
     VALUES (NEW.priority, NEW.tenant_ref, NEW.id);
 END;
 
--- A claim marks its tenant and its group as served most recently.
+-- A claim marks its tenant as served most recently (the claim stamps its row).
 CREATE TRIGGER IF NOT EXISTS queue_fair_served AFTER UPDATE OF claimed_by ON agent_dispatch_queue
 WHEN NEW.claimed_by IS NOT NULL
 BEGIN
     UPDATE dispatch_fair_tenants SET last_served = NEW.claimed_at
     WHERE priority = NEW.priority AND tenant_ref = NEW.tenant_ref;
-    UPDATE dispatch_fair_groups SET last_served = NEW.claimed_at
-    WHERE priority = NEW.priority AND group_ref = NEW.session_ref;
 END;
 
--- The last queue row of a group removes the group, and the last group its tenant.
+-- A head leaving the queue hands its stamp to the next row of its session; the
+-- last row of a tenant removes the tenant.
+CREATE TRIGGER IF NOT EXISTS queue_fair_next AFTER DELETE ON agent_dispatch_queue
+WHEN OLD.group_served < 9e999
+BEGIN
+    UPDATE agent_dispatch_queue SET group_served = OLD.group_served
+    WHERE id = (
+        SELECT n.id FROM agent_dispatch_queue n INDEXED BY queue_session
+        WHERE n.session_ref = OLD.session_ref ORDER BY n.item_seq, n.id LIMIT 1
+    ) AND group_served = 9e999;
+END;
 CREATE TRIGGER IF NOT EXISTS queue_fair_removed AFTER DELETE ON agent_dispatch_queue
 WHEN NOT EXISTS (
-    SELECT 1 FROM agent_dispatch_queue q INDEXED BY queue_session
-    WHERE q.session_ref = OLD.session_ref AND q.priority = OLD.priority
+    SELECT 1 FROM agent_dispatch_queue q INDEXED BY queue_fair
+    WHERE q.tenant_ref = OLD.tenant_ref AND q.priority = OLD.priority
 )
 BEGIN
-    DELETE FROM dispatch_fair_groups WHERE priority = OLD.priority AND group_ref = OLD.session_ref;
-    DELETE FROM dispatch_fair_tenants
-    WHERE priority = OLD.priority AND tenant_ref = OLD.tenant_ref
-      AND NOT EXISTS (
-          SELECT 1 FROM dispatch_fair_groups g
-          WHERE g.tenant_ref = OLD.tenant_ref AND g.priority = OLD.priority
-      );
+    DELETE FROM dispatch_fair_tenants WHERE priority = OLD.priority AND tenant_ref = OLD.tenant_ref;
 END;

@@ -55,10 +55,17 @@ INSERT INTO work_events (job_id, at, event, status, attempt, epoch, detail)
 VALUES (?, ?, ?, ?, ?, ?, ?)
 
 -- name: enqueue
+-- A row behind a queued row of its session is not its session's head: its
+-- fairness stamp sorts it last (see migration 012).
 INSERT INTO agent_dispatch_queue (
     job_id, item_seq, session_ref, tenant_ref, priority, deadline_unix, envelope,
-    enqueued_at, visible_at
-) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+    enqueued_at, visible_at, group_served
+) VALUES (
+    ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9,
+    CASE WHEN EXISTS (
+        SELECT 1 FROM agent_dispatch_queue s INDEXED BY queue_session WHERE s.session_ref = ?3
+    ) THEN 9e999 ELSE 0 END
+)
 
 -- name: has_envelope
 SELECT 1 FROM agent_dispatch_queue WHERE job_id = ? LIMIT 1
