@@ -27,4 +27,4 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null \
     || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null; }
 fi
-exec python -m pytest -n "${AGENTDISPATCH_TEST_WORKERS:-4}" --dist loadgroup --durations=10 "$@"
+exec python -m pytest -n "${AGENTDISPATCH_TEST_WORKERS:-5}" --dist loadgroup --durations=10 "$@"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,10 +15,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 from backends import BUILDERS, CONTRACT_BACKENDS, Harness
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Crash tests run one after another on one pytest-xdist worker (with
     ``--dist loadgroup``): each runs a fleet of processes, and two side by side
-    on two cores would starve their leases of renewals."""
+    on two cores would starve their leases of renewals. Soak runs (minutes
+    each, for the figures in the notes) are left out unless
+    ``AGENTDISPATCH_SOAK=1``: deselected, never skipped."""
+    if not os.environ.get("AGENTDISPATCH_SOAK"):
+        soak = [item for item in items if item.get_closest_marker("soak")]
+        if soak:
+            config.hook.pytest_deselected(items=soak)
+            items[:] = [item for item in items if not item.get_closest_marker("soak")]
     for item in items:
         if item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.xdist_group("crash"))

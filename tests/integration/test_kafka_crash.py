@@ -308,7 +308,7 @@ def test_workers_rejoin_after_broker_restarts_without_being_restarted(fleet: Fle
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("KAFKA_RESTART_SOAK"), reason="soak run: set KAFKA_RESTART_SOAK=1")
+@pytest.mark.soak
 def test_soak_repeated_broker_restarts_over_5000_turns(fleet: Fleet) -> None:
     """The figure for the notes: >= 5 kill -9 restarts of Tansu (1-3 s down)
     over 5,000 turns on 4 worker processes; prints how long the backlog took to
