@@ -82,14 +82,19 @@ def verify_turn(turn: Turn, guard: LeaseGuard) -> dict[str, object]:
 
 def _send_once(key: str, job_id: str) -> None:
     """A downstream that deduplicates by idempotency key: the first send with
-    ``key`` takes effect, a repeat answers the same and changes nothing."""
-    keys = Path(os.environ["CRASH_SINK_DIR"]) / "keys"
-    keys.mkdir(exist_ok=True)
+    ``key`` takes effect, a repeat answers the same and changes nothing. The
+    record of the send and the key are one file, linked into place in one step,
+    so a kill at any point leaves either both or neither."""
+    sink = Path(os.environ["CRASH_SINK_DIR"])
+    name = key.replace(":", "_")
+    draft = sink / f".{name}.{os.getpid()}.draft"
+    draft.write_text(f"effect {os.getpid()} {job_id} {time.time()!r}\n")
     try:
-        os.close(os.open(keys / key.replace(":", "_"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        os.link(draft, sink / f"sent-{name}.log")
     except FileExistsError:
-        return
-    _sink("effect", job_id)
+        pass
+    finally:
+        draft.unlink()
 
 
 @registry.register("idempotent_turn")
