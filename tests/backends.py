@@ -144,7 +144,9 @@ _DROP_AT_EXIT: list[str] = []
 
 
 def _pg_base() -> str:
-    return os.environ.get("AGENTDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+    from pg import BASE_URI
+
+    return BASE_URI
 
 
 def fresh_pg_database(cleanup: list[Callable[[], None]]) -> str:
