@@ -196,3 +196,22 @@ def test_overloaded_lowers_the_concurrency_limit_and_retries_the_turn(make_harne
         assert worker.limit.limit < 64
     item = harness.store.get(job.job_id, "t")
     assert item.error is not None and "overloaded" in item.error
+
+
+def test_a_child_turn_on_the_runtime_sees_its_parents_results(harness):
+    reg = Registry()
+
+    async def make(turn, guard):
+        return {"from": turn.payload}
+
+    async def gather(turn, guard):
+        return {"parents": turn.parent_results}
+
+    reg.add("make", make)
+    reg.add("gather", gather)
+    d = harness.dispatcher()
+    a = d.submit(Submission(kind="make", tenant="t", payload="a"))
+    child = d.submit(Submission(kind="gather", tenant="t", dependencies=(a.job_id,)))
+    with running(harness, reg, concurrency=4, threads=2):
+        wait_until(lambda: harness.store.get(child.job_id, "t").status is Status.SUCCEEDED, timeout=30)
+    assert harness.store.get(child.job_id, "t").result == {"parents": {a.job_id: {"from": "a"}}}

@@ -66,11 +66,13 @@ def is_async(fn: Any) -> bool:
 
 async def call_handler(fn: Handler, r: Running, pool: Executor) -> Any:
     """The handler's result: awaited on the loop, or run in ``pool``."""
-    turn = turn_of(r.item, r.guard.store)
+    loop = asyncio.get_running_loop()
+    # Parents' results are store reads: off the loop, which serves every turn.
+    turn = await loop.run_in_executor(pool, turn_of, r.item, r.guard.store) if r.item.dependencies else turn_of(r.item)
     if is_async(fn):
         result = await fn(turn, r.guard)
     else:
-        result = await asyncio.get_running_loop().run_in_executor(pool, fn, turn, r.guard)
+        result = await loop.run_in_executor(pool, fn, turn, r.guard)
         if inspect.isawaitable(result):  # a plain function that returned a coroutine
             result = await result
     return result
