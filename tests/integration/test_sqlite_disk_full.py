@@ -28,8 +28,10 @@ pytestmark = pytest.mark.skipif(
 
 
 @contextmanager
-def small_disk(path: Path, size: str = "8m") -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted at ``path`` (unmounted at exit)."""
+def small_disk(path: Path, size: str = "64m") -> Iterator[Path]:
+    """A tmpfs of ``size`` mounted at ``path`` (unmounted at exit). Once the
+    filler is gone it must hold the WAL at its checkpoint size (10,000 pages,
+    40 MB): with less, the turns' own commits fill the disk again."""
     path.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], check=True)
     try:
@@ -74,10 +76,10 @@ def _spawn(h: Harness, log: Path, metrics_port: int) -> subprocess.Popen[bytes]:
         return subprocess.Popen([*cmd, "--metrics-port", str(metrics_port)], env=env, stdout=out, stderr=out)
 
 
-def _until(cond: Callable[[], bool], what: str, timeout: float) -> None:
+def _until(cond: Callable[[], bool], what: str, timeout: float, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
-        assert time.monotonic() < deadline, what
+        assert time.monotonic() < deadline, what + ("\n" + log.read_text()[-3000:] if log is not None else "")
         time.sleep(0.1)
 
 
@@ -110,6 +112,7 @@ def test_claim_threads_survive_a_full_disk_and_run_the_accepted_turns(tmp_path: 
                     lambda: all(h.store.get(x.job_id, "t").status is Status.SUCCEEDED for x in handles),
                     "accepted turns stayed queued after space came back",
                     60,
+                    log,
                 )
                 assert "resumed after" in log.read_text()
             finally:
