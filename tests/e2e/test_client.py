@@ -131,8 +131,10 @@ class LosingProxy:
 
     def _one(self, conn: socket.socket, drop: bool) -> None:
         with conn, socket.create_connection(("127.0.0.1", self.upstream)) as up:
-            conn.settimeout(10)
-            up.settimeout(10)
+            # Generous: on a loaded machine a served request may take seconds,
+            # and a timeout here would be one more lost answer than planned.
+            conn.settimeout(60)
+            up.settimeout(60)
             while True:
                 try:
                     data = conn.recv(65536)
@@ -167,7 +169,7 @@ def _read_response(up: socket.socket) -> bytes:
 def test_a_lost_answer_is_retried_with_the_same_key(gw: Gateway) -> None:
     proxy = LosingProxy(gw.port, lose=2)
     try:
-        with Client(f"http://127.0.0.1:{proxy.port}", gw.token("retry-tenant"), retries=3) as c:
+        with Client(f"http://127.0.0.1:{proxy.port}", gw.token("retry-tenant"), retries=3, timeout_s=60) as c:
             handle = c.submit("echo", {"once": True})
         with Client(gw.url, gw.token("retry-tenant")) as direct:
             jobs = direct.jobs(limit=500)["jobs"]
