@@ -36,13 +36,3 @@ class Queries:
 
     def __getitem__(self, name: str) -> str:
         return queries(self.package, self.filename)[name]
-
-
-def migrations(package: str) -> list[tuple[int, str, str]]:
-    """Numbered migration files ``NNN_name.sql`` in ``package``, in order."""
-    found = []
-    for entry in resources.files(package).iterdir():
-        m = re.match(r"^(\d{3})_\w+\.sql$", entry.name)
-        if m:
-            found.append((int(m.group(1)), entry.name, entry.read_text()))
-    return sorted(found)

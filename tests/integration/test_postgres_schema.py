@@ -1,5 +1,5 @@
-"""PostgreSQL migrations produce the expected schema; start-up refuses an older
-schema; failures never echo the connection URI."""
+"""The PostgreSQL schema has the expected tables, indexes, triggers and plans;
+failures never echo the connection URI (the runner's steps: test_schema_steps)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from agentdispatch.errors import DepthUnavailable, TaskQueueUnavailable
-from agentdispatch.sqlfiles import migrations
+from agentdispatch.stores import schema as schema_steps
 from agentdispatch.stores.postgres import PostgresStore
 from agentdispatch.transports.postgres import PostgresTransport
 from pg import admin, create_schema
@@ -20,9 +20,9 @@ EXPECTED: dict[str, list[str]] = {
         "status", "reason", "attempts", "max_attempts", "dependencies", "deadline_unix", "created_at",
         "ready_at", "updated_at", "completed_at", "lease_owner", "lease_epoch", "lease_token",
         "lease_expires_at", "result", "error", "run_id",
-        # Migration 007: the intake design's operator queries run as written.
+        # The intake design's operator queries run as written.
         "agent_id", "intake_attempts", "turn_attempts",
-        # Migration 012: a turn's checkpoint.
+        # A turn's checkpoint.
         "checkpoint",
     ],
     "dispatch_depth": ["slot", "n"],
@@ -45,7 +45,7 @@ EXPECTED: dict[str, list[str]] = {
 }  # fmt: skip
 
 
-LATEST = migrations("agentdispatch.stores.sql.postgres")[-1][0]
+LATEST = schema_steps.latest("agentdispatch.stores.sql.postgres")
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def _columns(schema: str) -> dict[str, list[str]]:
     return out
 
 
-def test_migrations_produce_the_expected_schema(schema: tuple[str, str]) -> None:
+def test_migrate_produces_the_expected_schema(schema: tuple[str, str]) -> None:
     name, uri = schema
     store = PostgresStore(uri)
     try:
@@ -82,8 +82,8 @@ def test_migrations_produce_the_expected_schema(schema: tuple[str, str]) -> None
     finally:
         store.close()
     found = _columns(name)
-    # Exactly these columns in the tables of migrations 001-002 (later
-    # migrations of other features may add tables of their own).
+    # Exactly these columns in these tables (other features have tables of
+    # their own).
     assert {t: found.get(t) for t in EXPECTED} == EXPECTED
     with admin() as conn:
         indexes = {
@@ -117,25 +117,6 @@ def test_migrations_produce_the_expected_schema(schema: tuple[str, str]) -> None
     }
     assert slots == (64,)
     assert generic == {"dispatch_claim_fair", "dispatch_fair_prune"}
-
-
-def test_ping_refuses_an_older_schema_naming_migrate(schema: tuple[str, str]) -> None:
-    name, uri = schema
-    store = PostgresStore(uri)
-    try:
-        with pytest.raises(TaskQueueUnavailable, match="agentdispatch migrate"):
-            store.ping()
-        store.migrate()
-        with admin() as conn:
-            conn.execute(f"UPDATE {name}.dispatch_meta SET value = '1' WHERE key = 'schema_version'")
-        with pytest.raises(
-            TaskQueueUnavailable, match=rf"version 1 is older than {LATEST}; run `agentdispatch migrate`"
-        ):
-            store.ping()
-        store.migrate()
-        store.ping()
-    finally:
-        store.close()
 
 
 def test_work_items_answer_plain_sql(schema: tuple[str, str]) -> None:

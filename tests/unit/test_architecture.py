@@ -39,7 +39,7 @@ def test_only_settings_reads_the_environment() -> None:
 #: is discovered, so a new backend file is covered without editing this test.
 DATABASES = {"sqlite": "sqlite", "pg": "postgres", "postgres": "postgres", "kafka": "kafka"}
 #: Modules of the two seams that belong to no database.
-SEAM_MODULES = {"stores.base", "stores.engine", "stores.rows", "transports.base"}
+SEAM_MODULES = {"stores.base", "stores.engine", "stores.rows", "stores.schema", "transports.base"}
 #: Imports from one backend into another that are known and deliberate. The
 #: PostgreSQL transport shares the store's connection pool (its outbox and
 #: queue rows are written in the store's transaction); issue 22 gives each

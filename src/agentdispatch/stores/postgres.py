@@ -22,9 +22,8 @@ import psycopg
 from .. import workitem as wi
 from ..envelope import Envelope
 from ..errors import JobNotFound, LeaseLost, TaskQueueUnavailable
-from ..sqlfiles import migrations
 from ..workitem import Lease, Outcome, Status, WorkItem
-from . import engine
+from . import engine, schema
 from .base import Accepted, Claim, Effect, EffectState, JobFilter, NewJob, OutboxRow, Schedule, SweepReport, WorkerRow
 from .pg_db import Conn, PgDb, describe, scalar
 from .pg_tx import SMALL_SUBMISSION, PostgresTx, Q
@@ -101,21 +100,20 @@ class PostgresStore:
             tx.flush()
 
     def migrate(self) -> None:
-        """Apply the numbered migrations not applied yet (one transaction)."""
+        """Apply the schema steps this database lacks (one transaction)."""
 
         def apply(conn: Conn) -> None:
             conn.execute(Q["migrate_lock"])
-            conn.execute("CREATE TABLE IF NOT EXISTS dispatch_meta (key text PRIMARY KEY, value text NOT NULL)")
-            current = int(scalar(conn, Q["meta_get"], {"key": "schema_version"}) or 0)
-            for number, _name, sql in migrations(_SQL_PKG):
-                if number > current:
-                    conn.execute(sql.encode())  # bytes: no parameter parsing of the script
-                    current = number
-            conn.execute(
-                "INSERT INTO dispatch_meta (key, value) VALUES ('schema_version', %s) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (str(current),),
-            )
+            conn.execute(schema.CREATE_VERSIONS)
+            applied = int(scalar(conn, "SELECT coalesce(max(version), 0) FROM dispatch_migrations"))
+            has_schema = bool(scalar(conn, "SELECT to_regclass('dispatch_meta') IS NOT NULL"))
+            for step in schema.pending(_SQL_PKG, applied, has_schema=has_schema):
+                conn.execute(step.sql.encode())  # bytes: no parameter parsing of the script
+                conn.execute(
+                    "INSERT INTO dispatch_migrations (version, name, applied_at) "
+                    "VALUES (%s, %s, extract(epoch FROM clock_timestamp()))",
+                    (step.version, step.name),
+                )
             conn.execute(
                 "INSERT INTO dispatch_meta (key, value) VALUES ('ref_key', %s) ON CONFLICT DO NOTHING",
                 (secrets.token_hex(32),),
@@ -127,14 +125,14 @@ class PostgresStore:
         def q(conn: Conn) -> int:
             try:
                 with conn.transaction():
-                    return int(scalar(conn, Q["meta_get"], {"key": "schema_version"}) or 0)
+                    return int(scalar(conn, "SELECT coalesce(max(version), 0) FROM dispatch_migrations"))
             except psycopg.errors.UndefinedTable:
                 return 0
 
         return self.db.read(q)
 
     def ping(self) -> None:
-        want = migrations(_SQL_PKG)[-1][0]
+        want = schema.latest(_SQL_PKG)
         have = self.schema_version()
         if have < want:
             raise TaskQueueUnavailable(

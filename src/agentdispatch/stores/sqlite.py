@@ -14,10 +14,10 @@ from typing import Any
 from ..envelope import Envelope
 from ..errors import LeaseLost, TaskQueueUnavailable
 from ..policy import opaque_ref
-from ..sqlfiles import Queries, compact, migrations
+from ..sqlfiles import Queries, compact
 from ..sqlite_db import SqliteDb, clock
 from ..workitem import Lease, Outcome, Status, WorkItem, evolve
-from . import engine
+from . import engine, schema
 from .base import (
     Accepted,
     Claim,
@@ -273,20 +273,19 @@ class SqliteStore:
         return self._ref_key
 
     def migrate(self) -> None:
+        """Apply the schema steps this database lacks (one transaction)."""
         with self.db.tx(durable=True) as c:
-            c.execute("CREATE TABLE IF NOT EXISTS dispatch_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-            row = c.execute("SELECT value FROM dispatch_meta WHERE key = 'schema_version'").fetchone()
-            current = int(row[0]) if row else 0
-            for number, _name, sql in migrations(_SQL_PKG):
-                if number > current:
-                    for statement in _statements(sql):
-                        c.execute(statement)
-                    current = number
-            c.execute(
-                "INSERT INTO dispatch_meta (key, value) VALUES ('schema_version', ?) "
-                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                (str(current),),
-            )
+            c.execute(schema.CREATE_VERSIONS)
+            applied = int(c.execute("SELECT coalesce(max(version), 0) FROM dispatch_migrations").fetchone()[0])
+            has_schema = c.execute("SELECT 1 FROM sqlite_master WHERE name = 'dispatch_meta'").fetchone() is not None
+            for step in schema.pending(_SQL_PKG, applied, has_schema=has_schema):
+                for statement in _statements(step.sql):
+                    c.execute(statement)
+                c.execute(
+                    "INSERT INTO dispatch_migrations (version, name, applied_at) "
+                    "VALUES (?, ?, (julianday('now') - 2440587.5) * 86400.0)",
+                    (step.version, step.name),
+                )
             c.execute(
                 "INSERT OR IGNORE INTO dispatch_meta (key, value) VALUES ('ref_key', ?)",
                 (secrets.token_hex(32),),
@@ -294,13 +293,13 @@ class SqliteStore:
 
     def schema_version(self) -> int:
         try:
-            row = self.db.conn().execute("SELECT value FROM dispatch_meta WHERE key = 'schema_version'").fetchone()
+            row = self.db.conn().execute("SELECT max(version) FROM dispatch_migrations").fetchone()
         except sqlite3.OperationalError:
             return 0
-        return int(row[0]) if row else 0
+        return int(row[0] or 0)
 
     def ping(self) -> None:
-        want = migrations(_SQL_PKG)[-1][0]
+        want = schema.latest(_SQL_PKG)
         have = self.schema_version()
         if have < want:
             raise TaskQueueUnavailable(

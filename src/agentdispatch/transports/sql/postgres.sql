@@ -1,6 +1,6 @@
 -- name: get
 -- The fair claim of up to %(n)s turns in one statement (dispatch_claim, in
--- migration 004, holds the claim order and its reasons).
+-- schema.sql, holds the claim order and its reasons).
 SELECT id, envelope, deliveries, claimed_at, job_id, now, item, leaf, blocker_status, blocker_expires_at
 FROM dispatch_claim(%(owner)s, %(vis)s, %(n)s, %(read)s)
 

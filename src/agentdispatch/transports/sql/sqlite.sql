@@ -4,7 +4,7 @@
 -- least-recently-served session, deadline, enqueue order. Only the head of
 -- each session is eligible, so turns of one session are handed out one at a
 -- time, in order. The claim stamps its row's session as served; the tenant
--- rows and the stamps are kept by the triggers of migration 012. coalesce()
+-- rows and the stamps are kept by the triggers in schema.sql. coalesce()
 -- evaluates its second subquery only when the first finds nothing, and the
 -- tenants are read in order until one has an eligible head: one statement.
 UPDATE agent_dispatch_queue

@@ -56,7 +56,7 @@ VALUES (?, ?, ?, ?, ?, ?, ?)
 
 -- name: enqueue
 -- A row behind a queued row of its session is not its session's head: its
--- fairness stamp sorts it last (see migration 012).
+-- fairness stamp sorts it last (see the fair claims in schema.sql).
 INSERT INTO agent_dispatch_queue (
     job_id, item_seq, session_ref, tenant_ref, priority, deadline_unix, envelope,
     enqueued_at, visible_at, group_served
