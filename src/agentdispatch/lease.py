@@ -9,12 +9,12 @@ import functools
 import inspect
 import logging
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .clock import Clock, MonotonicClock
 from .errors import AgentDispatchError, EffectUnknown, InvalidInput, LeaseLost
 from .policy import renew_every
 from .workitem import Lease
@@ -367,7 +367,8 @@ class Renewer:
     """One thread that renews every active guard of a worker on schedule
     (instead of a thread per turn)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Clock | None = None) -> None:
+        self._clock: Clock = clock or MonotonicClock()
         self._due: dict[LeaseGuard, float] = {}
         self._cv = threading.Condition()
         self._closed = False
@@ -380,7 +381,7 @@ class Renewer:
     def add(self, guard: LeaseGuard) -> None:
         """Renew ``guard`` every ``guard.every`` seconds from now."""
         with self._cv:
-            at = self._due[guard] = time.monotonic() + guard.every
+            at = self._due[guard] = self._clock() + guard.every
             if at < self._wakes_at:
                 self._cv.notify()
 
@@ -401,13 +402,13 @@ class Renewer:
             with self._cv:
                 if self._closed:
                     return
-                now = time.monotonic()
+                now = self._clock()
                 due = [g for g, at in self._due.items() if at <= now]
                 for g in due:
                     self._due[g] = now + g.every
                 if not due:
                     self._wakes_at = min(self._due.values(), default=now + 1.0)
-                    self._cv.wait(max(0.0, self._wakes_at - now))
+                    self._clock.wait_until(self._cv, self._wakes_at)
                     self._wakes_at = 0.0  # awake: adders need not notify
                     continue
             for g in due:

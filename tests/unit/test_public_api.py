@@ -83,3 +83,16 @@ def test_import_does_no_io_and_reads_no_settings(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == str(len(PINNED))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_testing_module_is_public_and_pinned() -> None:
+    # Users test their handlers with it: its surface is an API like the package's.
+    import agentdispatch.testing as testing
+
+    assert testing.__all__ == ["FakeClock"]
+    for name in testing.__all__:
+        obj = getattr(testing, name)
+        assert inspect.getdoc(obj), f"testing.{name} has no docstring"
+        for member, value in vars(obj).items():
+            if not member.startswith("_") and callable(value):
+                assert inspect.getdoc(value), f"testing.{name}.{member} has no docstring"
