@@ -1,9 +1,10 @@
 """Helpers for testing code built on agentdispatch without sleeping.
 
 :class:`FakeClock` stands in for the monotonic clock of a component that takes
-``clock=`` (the lease renewer, the runtime's batch renewer and worker): time
-moves only when the test calls :meth:`FakeClock.advance`, and a component
-waiting for a later time wakes then, not after real seconds pass::
+``clock=``: time moves only when the test calls :meth:`FakeClock.advance`. A
+component that waits through ``clock.wait_until`` (the lease renewer,
+:class:`agentdispatch.lease.Renewer`) wakes then, not after real seconds pass;
+one that only reads ``clock()`` sees the fake time but waits in real time::
 
     clock = FakeClock()
     renewer = Renewer(clock=clock)
