@@ -1,5 +1,7 @@
 """Catalog dumps of a built schema, for comparing two ways of building it.
 
+``python tests/schema_dump.py sqlite|postgres`` prints the catalog of a
+freshly migrated database (diff it before and after folding a migration).
 Each dump is a sorted list of lines read from the database's own catalog
 (``sqlite_master`` and pragmas; ``pg_catalog``), so two dumps are equal when
 the databases hold the same tables, columns, constraints, indexes, triggers,
@@ -8,7 +10,10 @@ functions and sequences, however the DDL that made them was written.
 
 from __future__ import annotations
 
+import re
 import sqlite3
+import sys
+import tempfile
 from pathlib import Path
 
 from pg import admin
@@ -23,7 +28,7 @@ def sqlite_dump(path: Path) -> list[str]:
             "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' ORDER BY type, name"
         ).fetchall()
         for kind, name, table, sql in objects:
-            lines.append(f"{kind} {name} on {table}: {' '.join(str(sql).split())}")
+            lines.append(f"{kind} {name} on {table}: {_normal(str(sql))}")
             if kind == "table":
                 for col in conn.execute(f"PRAGMA table_xinfo({name})"):
                     lines.append(f"column {name}.{col[1]}: {col[1:]}")
@@ -33,6 +38,12 @@ def sqlite_dump(path: Path) -> list[str]:
         return sorted(lines)
     finally:
         conn.close()
+
+
+def _normal(sql: str) -> str:
+    """SQL text without layout: ``ALTER TABLE ... ADD COLUMN`` appends to the
+    stored CREATE TABLE text in its own layout."""
+    return re.sub(r"\s*([(),])\s*", r"\1", " ".join(sql.split()))
 
 
 _PG_QUERIES = {
@@ -76,3 +87,34 @@ def pg_dump(schema: str) -> list[str]:
             for (text,) in conn.execute(query, {"ns": schema}).fetchall():
                 lines.append(f"{kind} {str(text).replace(schema + '.', '')}")
     return sorted(lines)
+
+
+def main(dialect: str) -> None:
+    """Print the catalog of a freshly migrated database of ``dialect``: run it
+    before and after folding a migration into ``schema.sql`` and diff the two."""
+    if dialect == "sqlite":
+        from agentdispatch.stores.sqlite import SqliteStore
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "fresh.db"
+            store = SqliteStore(path)
+            store.migrate()
+            store.close()
+            lines = sqlite_dump(path)
+    else:
+        from agentdispatch.stores.postgres import PostgresStore
+        from pg import create_schema
+
+        name, uri, drop = create_schema()
+        try:
+            pg_store = PostgresStore(uri)
+            pg_store.migrate()
+            pg_store.close()
+            lines = pg_dump(name)
+        finally:
+            drop()
+    print("\n".join(line for line in lines if "dispatch_migrations" not in line))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "sqlite")

@@ -12,8 +12,9 @@ Folding a migration into the base is for migrations no release has shipped
 (a database at the older version would need the file): write its effect into
 the CREATE statements of ``schema.sql`` (no ALTER, no data step; a function
 appears once, in its final form), set the first line to its number and
-delete the file. The schema tests compare a database built from the base
-plus migrations with one built from the folded base.
+delete the file. ``python tests/schema_dump.py sqlite|postgres`` prints the
+catalog of a fresh database: the outputs before and after a fold must match.
+The schema tests compare a fresh database with one upgraded step by step.
 """
 
 from __future__ import annotations
