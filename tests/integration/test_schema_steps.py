@@ -180,3 +180,25 @@ def test_a_schema_older_than_the_base_is_refused_and_left_alone(databases: Facto
     finally:
         store.close()
     assert db.dump() == before
+
+
+def test_postgres_builds_in_its_own_schema_when_one_further_down_the_path_is_built() -> None:
+    # search_path "fresh, built": the tables of "built" are visible by name,
+    # yet "fresh" is where the steps create theirs, so it gets the whole schema.
+    built, built_uri, drop_built = create_schema()
+    fresh, _uri, drop_fresh = create_schema()
+    try:
+        store = PostgresStore(built_uri)
+        store.migrate()
+        store.close()
+        both = built_uri.replace(f"search_path%3D{built}", f"search_path%3D{fresh}%2C{built}")
+        assert both != built_uri
+        store = PostgresStore(both)
+        try:
+            store.migrate()
+        finally:
+            store.close()
+        assert pg_dump(fresh) == pg_dump(built)
+    finally:
+        drop_fresh()
+        drop_built()

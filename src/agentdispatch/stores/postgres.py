@@ -105,15 +105,11 @@ class PostgresStore:
         def apply(conn: Conn) -> None:
             conn.execute(Q["migrate_lock"])
             conn.execute(schema.CREATE_VERSIONS)
-            applied = int(scalar(conn, "SELECT coalesce(max(version), 0) FROM dispatch_migrations"))
-            has_schema = bool(scalar(conn, "SELECT to_regclass('dispatch_meta') IS NOT NULL"))
+            applied = int(scalar(conn, Q["schema_version"]))
+            has_schema = bool(scalar(conn, Q["schema_present"]))
             for step in schema.pending(_SQL_PKG, applied, has_schema=has_schema):
                 conn.execute(step.sql.encode())  # bytes: no parameter parsing of the script
-                conn.execute(
-                    "INSERT INTO dispatch_migrations (version, name, applied_at) "
-                    "VALUES (%s, %s, extract(epoch FROM clock_timestamp()))",
-                    (step.version, step.name),
-                )
+                conn.execute(Q["schema_step_done"], {"version": step.version, "name": step.name})
             conn.execute(
                 "INSERT INTO dispatch_meta (key, value) VALUES ('ref_key', %s) ON CONFLICT DO NOTHING",
                 (secrets.token_hex(32),),
@@ -125,7 +121,7 @@ class PostgresStore:
         def q(conn: Conn) -> int:
             try:
                 with conn.transaction():
-                    return int(scalar(conn, "SELECT coalesce(max(version), 0) FROM dispatch_migrations"))
+                    return int(scalar(conn, Q["schema_version"]))
             except psycopg.errors.UndefinedTable:
                 return 0
 

@@ -301,6 +301,18 @@ SELECT tenant FROM api_tokens WHERE token_hash = %(hash)s AND revoked_at IS NULL
 -- name: meta_get
 SELECT value FROM dispatch_meta WHERE key = %(key)s
 
+-- name: schema_version
+SELECT coalesce(max(version), 0) FROM dispatch_migrations
+
+-- name: schema_present
+-- In the schema the steps create their tables in, not one further down the
+-- search path.
+SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = current_schema() AND tablename = 'dispatch_meta')
+
+-- name: schema_step_done
+INSERT INTO dispatch_migrations (version, name, applied_at)
+VALUES (%(version)s, %(name)s, extract(epoch FROM clock_timestamp()))
+
 -- name: migrate_lock
 SELECT pg_advisory_xact_lock(hashtextextended('agentdispatch.migrate:' || current_schema(), 0))
 
