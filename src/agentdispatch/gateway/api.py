@@ -14,6 +14,7 @@ from ..dispatch import Submission
 from ..stores.base import JobFilter
 from ..waiting import MAX_WAIT_S, await_view
 from ..workitem import Status
+from . import dashboard_api
 from . import fields as f
 from .auth import Caller
 from .errors import ApiError
@@ -243,4 +244,6 @@ def build_router(services: Services, caller_dep: Any) -> APIRouter:
         view = d.replay(job_id, caller.tenant)
         return _ok({"job": view, "side_effects": d.history(job_id, caller.tenant)["side_effects"]})
 
+    # The dashboard's own reads and bulk actions, beside the routes they extend.
+    router.include_router(dashboard_api.build_router(services, caller_dep))
     return router
