@@ -183,6 +183,7 @@ def test_dashboard_serves_an_on_call_person(setup: tuple[Gateway, Harness], page
     expect(page.get_by_test_id("traceback")).to_contain_text("in _boom")
     events = page.get_by_test_id("events")
     expect(events.locator("li")).to_have_count(3)
+    expect(events.locator('li[data-event="claimed"]')).to_contain_text("claimed and started")
     expect(events.locator('li[data-event="claimed"]')).to_contain_text("running")
     expect(events.locator('li[data-event="committed"]')).to_contain_text("dead letter")
     for stamp in events.locator("time").all_inner_texts():

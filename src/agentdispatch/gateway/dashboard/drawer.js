@@ -4,6 +4,9 @@
 // events, its side effects), re-read on every refresh while it is open.
 // Uses the helpers of app.js (classic scripts share one global scope).
 
+// A claim starts the handler in the same transaction: one event, both moments.
+const EVENT_LABELS = { claimed: "claimed and started", lease_expired: "lease expired" };
+
 const json = (v) => (v === undefined ? "null" : JSON.stringify(v, null, 2));
 
 // A failed attempt's committed event reads "owner: error" then the traceback.
@@ -23,7 +26,7 @@ function renderTimeline(events, job) {
     return el(
       "li",
       { "data-event": e.event },
-      el("div", {}, el("span", { class: "ev" }, e.event.replace("_", " ")), badge(e.status), el("span", { class: "dim small" }, ` attempt ${e.attempt} \u00b7 epoch ${e.epoch}`)),
+      el("div", {}, el("span", { class: "ev" }, EVENT_LABELS[e.event] || e.event.replace("_", " ")), badge(e.status), el("span", { class: "dim small" }, ` attempt ${e.attempt} \u00b7 epoch ${e.epoch}`)),
       el("div", { class: "when" }, el("time", { class: "mono", title: new Date(e.at * 1000).toISOString() }, stamp(e.at)), prev == null ? "" : el("span", { class: "dur" }, ` +${duration(e.at - prev)}`)),
       detail ? el("div", { class: "dim mono small" }, detail) : "",
     );
