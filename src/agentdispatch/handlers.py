@@ -7,6 +7,7 @@ import importlib
 import inspect
 import logging
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -134,9 +135,21 @@ def failure_outcome(exc: Exception) -> Outcome | None:
         return Outcome(ok=False, error=str(exc), retryable=False, dead_letter_reason="effect_unknown")
     if isinstance(exc, NonRetryableError):
         error = str(exc) or "non-retryable failure"
-        return Outcome(ok=False, error=error, retryable=False, reason=exc.reason, retired=isinstance(exc, Retired))
-    # A handler's failure is data, not a crash.
-    return Outcome(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], retryable=True)
+        return Outcome(
+            ok=False,
+            error=error,
+            retryable=False,
+            reason=exc.reason,
+            retired=isinstance(exc, Retired),
+            traceback=_traceback(exc),
+        )
+    # A handler's failure is data, not a crash; its traceback tells the
+    # on-call where it happened.
+    return Outcome(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], retryable=True, traceback=_traceback(exc))
+
+
+def _traceback(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(exc)).rstrip()
 
 
 def outcome_of(

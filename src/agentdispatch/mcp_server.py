@@ -1,38 +1,78 @@
 """``agentdispatch mcp``: the MCP tools ``graph_orchestrate`` and ``graph_jobs``,
-answering with the same JSON shapes as the HTTP gateway."""
+answering with the same JSON shapes as the HTTP gateway.
+
+Tool arguments carry the HTTP API's constraints and descriptions (one set of
+annotated types, :mod:`agentdispatch.gateway.fields`), so the SDK refuses what
+the gateway would refuse before any store call. A refusal the store makes (an
+unknown job, a payload too large, a full queue) answers with the gateway's
+error body and ``isError: true``, so an agent cannot mistake it for a result.
+"""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from typing import Any, Literal
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated, Any, Literal
 
 import anyio.to_thread
 from mcp.server.mcpserver import MCPServer
+from mcp.types import CallToolResult, TextContent
+from pydantic import Field
 
 from .dispatch import Dispatcher, Submission
+from .gateway import fields as f
+from .gateway.errors import error_body, error_payload
 
-SUBMIT_ARGS = (
-    "kind", "payload", "task", "session_id", "priority", "deadline_unix", "dependencies", "job_id",
-    "not_before", "delay_s",
-)  # fmt: skip
+#: A tool's answer: the HTTP body as structured content (and as text for older clients).
+Answer = Annotated[CallToolResult, dict[str, Any]]
+
+Action = Annotated[
+    Literal["dispatch", "status", "cancel"],
+    Field(description="dispatch: submit a turn and get its handle; status / cancel: act on job_id."),
+]
+JobAction = Annotated[Literal["status", "cancel"], Field(description="Read the job, or cancel it.")]
+ExistingJob = Annotated[str, Field(pattern=f.IDENT, max_length=200, description="The job_id a dispatch returned.")]
 
 
-async def _answer(fn: Callable[[], Any]) -> dict[str, Any]:
+def package_version() -> str:
+    """The installed distribution's version (the source tree's when run uninstalled)."""
+    try:
+        return version("agentdispatch")
+    except PackageNotFoundError:
+        from . import __version__
+
+        return __version__
+
+
+def _reply(body: dict[str, Any], *, error: bool = False) -> CallToolResult:
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps(body))],
+        structured_content=body,
+        is_error=error,
+    )
+
+
+async def _answer(fn: Callable[[], dict[str, Any]]) -> CallToolResult:
     """Run a store call off the event loop; errors become the HTTP error bodies."""
-    from .gateway.errors import error_payload
-
     try:
         result = await anyio.to_thread.run_sync(fn)
     except Exception as exc:
-        return error_payload(exc)[1]
-    return result if isinstance(result, dict) else {"result": result}
+        return _reply(error_payload(exc)[1], error=True)
+    return _reply(result)
+
+
+def _missing_job_id(action: str) -> CallToolResult:
+    return _reply(error_body("invalid_input", f"job_id is required for action {action!r}"), error=True)
 
 
 def build_server(dispatcher: Dispatcher, *, tenant: str) -> MCPServer[Any]:
     """An MCP server whose tools act for ``tenant`` through ``dispatcher``."""
     server: MCPServer[Any] = MCPServer(
         "agentdispatch",
-        instructions="Dispatch agent turns to a durable queue and follow them by job id.",
+        version=package_version(),
+        instructions="Dispatch agent turns to a durable queue and follow them by job id. "
+        "A failed call answers isError with {status, error, message}.",
     )
 
     def status(job_id: str) -> dict[str, Any]:
@@ -43,38 +83,45 @@ def build_server(dispatcher: Dispatcher, *, tenant: str) -> MCPServer[Any]:
 
     @server.tool()
     async def graph_orchestrate(
-        action: Literal["dispatch", "status", "cancel"],
-        kind: str = "orchestrator_task",
-        payload: Any = None,
-        task: str | None = None,
-        session_id: str | None = None,
-        priority: int = 0,
-        deadline_unix: float | None = None,
-        dependencies: list[str] | None = None,
-        job_id: str | None = None,
-        idempotency_key: str | None = None,
-        reason: str | None = None,
-        not_before: float | None = None,
-        delay_s: float | None = None,
-    ) -> dict[str, Any]:
-        """Dispatch a turn (returns its job handle), or read / cancel a job by job_id.
+        action: Action,
+        kind: f.Kind = "orchestrator_task",
+        payload: f.Payload = None,
+        task: f.Task = None,
+        session_id: f.SessionId = None,
+        priority: f.Priority = 0,
+        deadline_unix: f.Deadline = None,
+        dependencies: f.Dependencies = None,
+        job_id: f.JobId = None,
+        idempotency_key: f.IdempotencyKey = None,
+        agent_name: f.AgentName = "",
+        reason: f.Reason = None,
+        not_before: f.NotBefore = None,
+        delay_s: f.DelayS = None,
+    ) -> Answer:
+        """Dispatch a turn (answers its job handle), or read / cancel a job by job_id.
         A turn starts no earlier than ``not_before`` (unix time) or ``delay_s``
         seconds from now."""
         if action == "dispatch":
-            given = dict(locals())
-            data = {k: given[k] for k in SUBMIT_ARGS if given[k] is not None}
-            if idempotency_key is not None:
-                data["idempotency_key"] = idempotency_key
-            sub = Submission.from_mapping(data, tenant=tenant)
-            return await _answer(lambda: dispatcher.submit(sub).model_dump())
+            given = {
+                "kind": kind, "payload": payload, "task": task, "session_id": session_id, "priority": priority,
+                "deadline_unix": deadline_unix, "dependencies": dependencies, "job_id": job_id,
+                "idempotency_key": idempotency_key, "agent_name": agent_name, "not_before": not_before,
+                "delay_s": delay_s,
+            }  # fmt: skip
+            data = {k: v for k, v in given.items() if v is not None}
+
+            def submit() -> dict[str, Any]:
+                return dispatcher.submit(Submission.from_mapping(data, tenant=tenant)).model_dump()
+
+            return await _answer(submit)
         if not job_id:
-            return {"status": "error", "error": "invalid_input", "message": f"job_id is required for {action}"}
+            return _missing_job_id(action)
         if action == "status":
             return await _answer(lambda: status(job_id))
         return await _answer(lambda: cancel(job_id, reason))
 
     @server.tool()
-    async def graph_jobs(action: Literal["status", "cancel"], job_id: str, reason: str | None = None) -> dict[str, Any]:
+    async def graph_jobs(action: JobAction, job_id: ExistingJob, reason: f.Reason = None) -> Answer:
         """Read (the WorkItem view, no lease secrets) or cancel one job."""
         if action == "status":
             return await _answer(lambda: status(job_id))

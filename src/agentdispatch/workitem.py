@@ -135,6 +135,8 @@ class Outcome:
     reason: str | None = None
     #: A non-retryable outcome that ends the item as cancelled (a policy retired it).
     retired: bool = False
+    #: The handler's traceback (recorded on the attempt's event, not on the item).
+    traceback: str | None = None
 
     def same_as(self, item: WorkItem) -> bool:
         """Whether committing this outcome again would change nothing."""

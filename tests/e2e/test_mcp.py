@@ -22,9 +22,10 @@ from e2e.gatewayproc import cli_env, free_port
 HANDLE_KEYS = {"job_id", "session_id", "kind", "dispatch", "status", "status_url", "status_request"}
 
 
-def _result(res: Any) -> dict[str, Any]:
-    """The tool's JSON: structured content, mirrored as text for older clients."""
-    assert not res.is_error, res
+def _result(res: Any, *, error: bool = False) -> dict[str, Any]:
+    """The tool's JSON: structured content, mirrored as text for older clients;
+    ``error``: the call must be flagged as failed (``isError``)."""
+    assert res.is_error is error, res
     assert res.structured_content is not None
     assert json.loads(res.content[0].text) == res.structured_content
     return dict(res.structured_content)
@@ -51,7 +52,9 @@ async def _session(data_dir: Path) -> dict[str, Any]:
         out["orchestrate_status"] = _result(
             await session.call_tool("graph_orchestrate", {"action": "status", "job_id": handle["job_id"]})
         )
-        out["missing"] = _result(await session.call_tool("graph_jobs", {"action": "status", "job_id": "nope"}))
+        out["missing"] = _result(
+            await session.call_tool("graph_jobs", {"action": "status", "job_id": "nope"}), error=True
+        )
         out["cancel"] = _result(await session.call_tool("graph_jobs", {"action": "cancel", "job_id": handle["job_id"]}))
     return out
 
@@ -110,3 +113,73 @@ def test_mcp_streamable_http_dispatches_and_reads_status(tmp_path: Path) -> None
         log.close()
     assert set(handle) == HANDLE_KEYS
     assert view["job_id"] == handle["job_id"] and view["status"] == "ready" and view["tenant"] == "default"
+
+
+BIG = "x" * (2 * 1024 * 1024)
+
+
+async def _refusals(data_dir: Path) -> dict[str, Any]:
+    """Calls an agent gets wrong, each answered as an error (and nothing stored)."""
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "agentdispatch", "mcp", "--tenant", "acme"], env=cli_env(data_dir)
+    )
+    out: dict[str, Any] = {}
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        init = await session.initialize()
+        out["server"] = (init.server_info.name, init.server_info.version)
+        out["schemas"] = {t.name: t.input_schema for t in (await session.list_tools()).tools}
+        call = session.call_tool
+        out["unknown_job"] = await call("graph_jobs", {"action": "cancel", "job_id": "no-such-job"})
+        out["no_job_id"] = await call("graph_orchestrate", {"action": "status"})
+        out["bad_priority"] = await call("graph_orchestrate", {"action": "dispatch", "kind": "echo", "priority": 500})
+        out["empty_kind"] = await call("graph_orchestrate", {"action": "dispatch", "kind": ""})
+        out["bad_session"] = await call("graph_orchestrate", {"action": "dispatch", "session_id": "a b"})
+        out["too_long_delay"] = await call("graph_orchestrate", {"action": "dispatch", "delay_s": 10**9})
+        out["big"] = await call("graph_orchestrate", {"action": "dispatch", "kind": "echo", "payload": BIG})
+        out["both_times"] = await call(
+            "graph_orchestrate", {"action": "dispatch", "kind": "echo", "delay_s": 5, "not_before": 2e9}
+        )
+        out["good"] = await call("graph_orchestrate", {"action": "dispatch", "kind": "echo", "priority": 100})
+    return out
+
+
+def test_mcp_flags_refusals_as_errors_and_stores_nothing(tmp_path: Path) -> None:
+    import agentdispatch
+    from agentdispatch.gateway.api import GraphRequest
+
+    out = anyio.run(_refusals, tmp_path / "data")
+    assert out["server"] == ("agentdispatch", agentdispatch.__version__)
+
+    # The store's refusals carry the HTTP error bodies.
+    assert _result(out["unknown_job"], error=True) == {"status": "not_found", "error": "Job no-such-job not found"}
+    assert _result(out["no_job_id"], error=True)["error"] == "invalid_input"
+    big = _result(out["big"], error=True)
+    assert big["error"] == "payload_too_large" and "limit is 1048576" in big["message"]
+    assert "not both" in _result(out["both_times"], error=True)["message"]
+    # The schema's constraints are checked by the SDK before the tool runs.
+    for name, field in (("bad_priority", "priority"), ("empty_kind", "kind"), ("bad_session", "session_id")):
+        res = out[name]
+        assert res.is_error, (name, res)
+        assert field in res.content[0].text, (name, res.content[0].text)
+    assert out["too_long_delay"].is_error and "delay_s" in out["too_long_delay"].content[0].text
+
+    # The tool schemas are the HTTP API's: same bounds, same descriptions.
+    http = GraphRequest.model_json_schema()["properties"]
+    tool = out["schemas"]["graph_orchestrate"]["properties"]
+    for name in ("kind", "priority", "session_id", "deadline_unix", "dependencies", "delay_s", "reason", "job_id"):
+        assert tool[name]["description"] == http[name]["description"], name
+        assert {k: v for k, v in tool[name].items() if k != "title"} == {
+            k: v for k, v in http[name].items() if k != "title"
+        }, name
+    assert (tool["priority"]["minimum"], tool["priority"]["maximum"]) == (-100, 100)
+    assert tool["kind"]["pattern"] and tool["kind"]["maxLength"] == 100
+    jobs = out["schemas"]["graph_jobs"]
+    assert jobs["required"] == ["action", "job_id"] and jobs["properties"]["job_id"]["description"]
+
+    good = _result(out["good"])
+    h = sqlite_harness(tmp_path)  # of all those calls only the valid one reached the store
+    try:
+        assert h.store.counts(None) == {"ready": 1}
+        assert h.store.get(good["job_id"], "acme").priority == 100
+    finally:
+        h.close()

@@ -10,16 +10,15 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from ..dispatch import MAX_DELAY_S, Submission
+from ..dispatch import Submission
 from ..stores.base import JobFilter
 from ..waiting import MAX_WAIT_S, await_view
 from ..workitem import Status
+from . import dashboard_api
+from . import fields as f
 from .auth import Caller
 from .errors import ApiError
 from .services import Services
-
-IDENT = r"^[A-Za-z0-9_.:@/+=-]{1,200}$"
-Ident = Annotated[str, Field(pattern=IDENT, max_length=200)]
 
 
 class JobSpec(BaseModel):
@@ -27,35 +26,33 @@ class JobSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: str = Field(default="orchestrator_task", pattern=r"^[A-Za-z0-9_.:-]{1,100}$", max_length=100)
-    payload: Any = None
-    task: Any = Field(default=None, description="Shorthand for payload {'task': ...}.")
-    tenant: Ident | None = Field(default=None, description="Defaults to the token's tenant.")
-    session_id: Ident | None = None
-    priority: int = Field(default=0, ge=-100, le=100, description="Higher runs first.")
-    deadline_unix: float | None = Field(default=None, gt=0, description="Cancelled as expired after this.")
-    dependencies: list[Ident] = Field(default_factory=list, max_length=100)
-    job_id: Ident | None = Field(default=None, description="Caller-chosen id; a repeat returns the same job.")
-    idempotency_key: Ident | None = Field(default=None, description="Derives the job id; a repeat is a no-op.")
-    agent_name: str = Field(default="", max_length=200)
-    not_before: float | None = Field(default=None, gt=0, description="Start no earlier than this unix time.")
-    delay_s: float | None = Field(
-        default=None, ge=0, le=MAX_DELAY_S, description="Start this many seconds after acceptance."
-    )
+    kind: f.Kind = "orchestrator_task"
+    payload: f.Payload = None
+    task: f.Task = None
+    tenant: f.Tenant = None
+    session_id: f.SessionId = None
+    priority: f.Priority = 0
+    deadline_unix: f.Deadline = None
+    dependencies: f.Dependencies = None
+    job_id: f.JobId = None
+    idempotency_key: f.IdempotencyKey = None
+    agent_name: f.AgentName = ""
+    not_before: f.NotBefore = None
+    delay_s: f.DelayS = None
 
 
 class GraphRequest(JobSpec):
     """``{"action": "dispatch" | "status" | "cancel", ...}``."""
 
     action: Literal["dispatch", "status", "cancel"]
-    reason: str | None = Field(default=None, max_length=200, description="Cancel reason.")
+    reason: f.Reason = None
 
 
 class CancelRequest(BaseModel):
     """Optional body of a cancel."""
 
     model_config = ConfigDict(extra="forbid")
-    reason: str | None = Field(default=None, max_length=200)
+    reason: f.Reason = None
 
 
 class JobHandleOut(BaseModel):
@@ -151,7 +148,7 @@ def build_router(services: Services, caller_dep: Any) -> APIRouter:
     d = services.dispatcher
     CallerDep = Annotated[Caller, Depends(caller_dep)]
     IdemKey = Annotated[
-        str | None, Header(alias="Idempotency-Key", pattern=IDENT, description="A repeat returns the same job.")
+        str | None, Header(alias="Idempotency-Key", pattern=f.IDENT, description="A repeat returns the same job.")
     ]
 
     @router.post(
@@ -247,4 +244,6 @@ def build_router(services: Services, caller_dep: Any) -> APIRouter:
         view = d.replay(job_id, caller.tenant)
         return _ok({"job": view, "side_effects": d.history(job_id, caller.tenant)["side_effects"]})
 
+    # The dashboard's own reads and bulk actions, beside the routes they extend.
+    router.include_router(dashboard_api.build_router(services, caller_dep))
     return router

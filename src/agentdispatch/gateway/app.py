@@ -18,7 +18,7 @@ from . import api, errors, intake, ops, schedules_api
 from .auth import Caller, authenticate
 from .services import Services
 
-_ASSETS = {"app.js": "text/javascript", "app.css": "text/css"}
+_ASSETS = {n: "text/javascript" for n in ("app.js", "chart.js", "drawer.js")} | {"app.css": "text/css"}
 #: The dashboard only talks to its own origin and never runs inline code.
 _CSP = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; frame-ancestors 'none'"
 

@@ -9,8 +9,9 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..schedules import Schedules
-from .api import ERRORS, IDENT
+from .api import ERRORS
 from .auth import Caller
+from .fields import IDENT
 from .services import Services
 
 NAME = r"^[A-Za-z0-9_.:-]{1,100}$"

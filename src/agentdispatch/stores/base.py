@@ -177,6 +177,19 @@ class WorkerRow:
     last_heartbeat: float = 0.0
 
 
+@dataclass(frozen=True)
+class Activity:
+    """The counts behind an activity chart: items open (accepted, not finished)
+    at ``since``, and per bucket of ``bucket_s`` seconds after it (bucket 0
+    first) the items accepted and the items finished, by final status."""
+
+    since: float
+    bucket_s: float
+    open_at_start: int
+    created: dict[int, int]
+    finished: dict[int, dict[str, int]]
+
+
 @dataclass
 class SweepReport:
     """What one reconciler pass did."""
@@ -265,7 +278,19 @@ class Store(Protocol):
         """Number of items per status."""
 
     def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
-        """Events (attempts, leases, outcomes) and side-effect ledger of a job."""
+        """The job's view and payload, its events (attempts, leases, outcomes)
+        and its side-effect ledger."""
+
+    def depth_breakdown(self, tenant: str | None) -> list[tuple[str, str, str, int]]:
+        """Non-terminal items as ``(tenant, kind, status, count)`` rows."""
+
+    def activity(self, tenant: str | None, *, since: float, bucket_s: float) -> Activity:
+        """Accepted and finished items per time bucket since ``since``."""
+
+    def purge_dead(self, job_ids: Sequence[str], tenant: str | None) -> list[str]:
+        """Delete the dead-lettered items among ``job_ids`` (of ``tenant``; None:
+        any) with their events; returns the ids deleted. The side-effect ledger
+        is kept."""
 
     def effect_begin(self, lease: Lease, key: str, ttl_s: float, *, retry_unknown: bool = False) -> Effect | None:
         """Renew the lease and mark ``key`` intended, in one fenced transaction.

@@ -89,6 +89,10 @@ class Tx(Protocol):
         """Delete queue rows whose item is terminal (never claimed ones)."""
 
 
+#: The tail of a failed attempt's traceback kept on its ``committed`` event.
+TRACEBACK_CHARS = 8000
+
+
 def envelope_of(item: WorkItem, now: float) -> Envelope:
     """The envelope that delivers ``item``: references only."""
     return Envelope(
@@ -268,9 +272,11 @@ def claim(tx: Tx, job_id: str, tenant: str, owner: str, ttl_s: float) -> Claim:
     item = wi.claim(item, owner=owner, token=token, now=now, ttl_s=ttl_s)
     lease = wi.lease_of(item)
     item = wi.start(item, lease, now)
-    # No event row here: the attempt is recorded by its commit (or by the
-    # lease_expired event if it dies), which keeps the hot path to one insert.
     tx.save(item)
+    # Claim and start are one transaction, so one provenance row records both
+    # (an operator reads when the attempt began and who ran it); PostgreSQL
+    # writes it in the same statement as the save.
+    tx.event(item, "claimed", owner)
     return Claim(ClaimKind.CLAIMED, item, lease)
 
 
@@ -308,6 +314,8 @@ def commit(tx: Tx, lease: Lease, outcome: Outcome, backoff_s: float | None = Non
     if done is item:
         return item
     detail = lease.owner if outcome.ok else f"{lease.owner}: {(outcome.error or '')[:500]}"
+    if outcome.traceback and not outcome.ok:
+        detail += "\n" + outcome.traceback[-TRACEBACK_CHARS:]
     _save(tx, done, "committed", detail)
     if done.status is Status.READY:
         _make_ready(tx, done, now)

@@ -24,7 +24,19 @@ from ..envelope import Envelope
 from ..errors import JobNotFound, LeaseLost, TaskQueueUnavailable
 from ..workitem import Lease, Outcome, Status, WorkItem
 from . import engine, schema
-from .base import Accepted, Claim, Effect, EffectState, JobFilter, NewJob, OutboxRow, Schedule, SweepReport, WorkerRow
+from .base import (
+    Accepted,
+    Activity,
+    Claim,
+    Effect,
+    EffectState,
+    JobFilter,
+    NewJob,
+    OutboxRow,
+    Schedule,
+    SweepReport,
+    WorkerRow,
+)
 from .pg_db import Conn, PgDb, describe, scalar
 from .pg_tx import SMALL_SUBMISSION, PostgresTx, Q
 from .rows import advance_params, effect_from_row, item_from_row, schedule_from_row, schedule_params, worker_from_row
@@ -299,6 +311,7 @@ class PostgresStore:
             effects = [effect_from_row(r) for r in conn.execute(Q["effects_of"], {"id": job_id})]
             return {
                 "job": item.view(),
+                "payload": item.payload,
                 "events": [dict(e) for e in events],
                 "side_effects": [
                     {"key": e.key, "state": e.state, "epoch": e.epoch, "result": e.result} for e in effects
@@ -306,6 +319,32 @@ class PostgresStore:
             }
 
         return self.db.read(q)
+
+    def depth_breakdown(self, tenant: str | None) -> list[tuple[str, str, str, int]]:
+        rows = self.db.read(lambda c: c.execute(Q["depth_breakdown"], {"tenant": tenant}).fetchall())
+        return [(r["tenant"], r["kind"], r["status"], int(r["n"])) for r in rows]
+
+    def activity(self, tenant: str | None, *, since: float, bucket_s: float) -> Activity:
+        params = {"tenant": tenant, "since": since, "bucket": bucket_s}
+
+        def q(conn: Conn) -> Activity:
+            start = int(scalar(conn, Q["activity_open"], params) or 0)
+            created = {int(r["bucket"]): int(r["n"]) for r in conn.execute(Q["activity_created"], params)}
+            finished: dict[int, dict[str, int]] = {}
+            for r in conn.execute(Q["activity_finished"], params):
+                finished.setdefault(int(r["bucket"]), {})[r["status"]] = int(r["n"])
+            return Activity(since, bucket_s, start, created, finished)
+
+        return self.db.read(q)
+
+    def purge_dead(self, job_ids: Sequence[str], tenant: str | None) -> list[str]:
+        ids = list(dict.fromkeys(job_ids))
+
+        def op(tx: PostgresTx) -> list[str]:
+            return [r["id"] for r in tx.c.execute(Q["purge_dead"], {"ids": ids, "tenant": tenant}).fetchall()]
+
+        gone = set(self._run(op, durable=True, idempotent=True))
+        return [i for i in ids if i in gone]
 
     # -- side effects, poison -------------------------------------------------
     def effect_begin(self, lease: Lease, key: str, ttl_s: float, *, retry_unknown: bool = False) -> Effect | None:

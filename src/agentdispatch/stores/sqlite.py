@@ -20,6 +20,7 @@ from ..workitem import Lease, Outcome, Status, WorkItem, evolve
 from . import engine, schema
 from .base import (
     Accepted,
+    Activity,
     Claim,
     Effect,
     EffectState,
@@ -397,7 +398,34 @@ class SqliteStore:
             {"key": e.key, "state": e.state, "epoch": e.epoch, "result": e.result}
             for e in (effect_from_row(r) for r in conn.execute(Q["effects_of"], (job_id,)))
         ]
-        return {"job": item.view(), "events": events, "side_effects": effects}
+        return {"job": item.view(), "payload": item.payload, "events": events, "side_effects": effects}
+
+    def depth_breakdown(self, tenant: str | None) -> list[tuple[str, str, str, int]]:
+        rows = self.db.conn().execute(Q["depth_breakdown"], {"tenant": tenant})
+        return [(r["tenant"], r["kind"], r["status"], int(r["n"])) for r in rows]
+
+    def activity(self, tenant: str | None, *, since: float, bucket_s: float) -> Activity:
+        params = {"tenant": tenant, "since": since, "bucket": bucket_s}
+        conn = self.db.conn()
+        # Three statements, three snapshots: a turn finishing between them
+        # moves a chart by one item for one refresh, which a chart may do.
+        start = int(conn.execute(Q["activity_open"], params).fetchone()["n"])
+        created = {int(r["bucket"]): int(r["n"]) for r in conn.execute(Q["activity_created"], params)}
+        finished: dict[int, dict[str, int]] = {}
+        for r in conn.execute(Q["activity_finished"], params):
+            finished.setdefault(int(r["bucket"]), {})[r["status"]] = int(r["n"])
+        return Activity(since, bucket_s, start, created, finished)
+
+    def purge_dead(self, job_ids: Sequence[str], tenant: str | None) -> list[str]:
+        gone: list[str] = []
+        with self._tx(durable=True) as tx:
+            for job_id in dict.fromkeys(job_ids):
+                if tx.c.execute(Q["purge_dead"], {"id": job_id, "tenant": tenant}).fetchone() is None:
+                    continue
+                for query in ("purge_events", "purge_dependencies", "purge_queue"):
+                    tx.c.execute(Q[query], {"id": job_id})
+                gone.append(job_id)
+        return gone
 
     # -- side effects, poison ----------------------------------------------
     def effect_begin(self, lease: Lease, key: str, ttl_s: float, *, retry_unknown: bool = False) -> Effect | None:

@@ -360,3 +360,40 @@ UPDATE dispatch_schedules
 SET next_at = %(next_at)s, last_tick = %(last_tick)s, last_job_id = %(last_job_id)s,
     updated_at = extract(epoch FROM clock_timestamp())::float8
 WHERE tenant = %(tenant)s AND name = %(name)s AND next_at = %(expected)s AND NOT paused
+
+-- name: depth_breakdown
+-- Non-terminal items per tenant, kind and status (the dashboard's depth table).
+SELECT tenant, kind, status, count(*) AS n FROM work_items
+WHERE status IN ('submitted', 'ready', 'leased', 'running') AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+GROUP BY tenant, kind, status ORDER BY tenant, kind, status
+
+-- name: activity_open
+-- Items accepted and not yet finished at since (a replayed item counts from its creation).
+SELECT count(*) AS n FROM work_items
+WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s) AND created_at <= %(since)s
+  AND (completed_at IS NULL OR completed_at > %(since)s)
+
+-- name: activity_created
+SELECT floor((created_at - %(since)s) / %(bucket)s)::int AS bucket, count(*) AS n FROM work_items
+WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s) AND created_at > %(since)s GROUP BY 1
+
+-- name: activity_finished
+SELECT floor((completed_at - %(since)s) / %(bucket)s)::int AS bucket, status, count(*) AS n FROM work_items
+WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s) AND completed_at > %(since)s GROUP BY 1, 2
+
+-- name: purge_dead
+-- Only dead letters of the tenant go, with their provenance and dependency
+-- rows; the side-effect ledger stays (it records what happened outside, and a
+-- later job reusing a key must still see it).
+WITH gone AS (
+    DELETE FROM work_items
+    WHERE id = ANY(%(ids)s::text[]) AND status = 'dead_letter' AND (%(tenant)s::text IS NULL OR tenant = %(tenant)s)
+    RETURNING id
+), events AS (
+    DELETE FROM work_events WHERE job_id IN (SELECT id FROM gone)
+), deps AS (
+    DELETE FROM work_dependencies WHERE job_id IN (SELECT id FROM gone) OR depends_on IN (SELECT id FROM gone)
+), queued AS (
+    DELETE FROM agent_dispatch_queue WHERE job_id IN (SELECT id FROM gone)
+)
+SELECT id FROM gone

@@ -236,3 +236,39 @@ WHERE paused = 0 AND next_at <= :now ORDER BY next_at LIMIT :limit
 UPDATE dispatch_schedules
 SET next_at = :next_at, last_tick = :last_tick, last_job_id = :last_job_id, updated_at = :now
 WHERE tenant = :tenant AND name = :name AND next_at = :expected AND paused = 0
+
+-- name: depth_breakdown
+-- Non-terminal items per tenant, kind and status (the dashboard's depth table).
+SELECT tenant, kind, status, count(*) AS n FROM work_items
+WHERE status IN ('submitted', 'ready', 'leased', 'running') AND (:tenant IS NULL OR tenant = :tenant)
+GROUP BY tenant, kind, status ORDER BY tenant, kind, status
+
+-- name: activity_open
+-- Items accepted and not yet finished at :since (a replayed item counts from its creation).
+SELECT count(*) AS n FROM work_items
+WHERE (:tenant IS NULL OR tenant = :tenant) AND created_at <= :since
+  AND (completed_at IS NULL OR completed_at > :since)
+
+-- name: activity_created
+SELECT CAST((created_at - :since) / :bucket AS INTEGER) AS bucket, count(*) AS n FROM work_items
+WHERE (:tenant IS NULL OR tenant = :tenant) AND created_at > :since GROUP BY bucket
+
+-- name: activity_finished
+SELECT CAST((completed_at - :since) / :bucket AS INTEGER) AS bucket, status, count(*) AS n FROM work_items
+WHERE (:tenant IS NULL OR tenant = :tenant) AND completed_at > :since GROUP BY bucket, status
+
+-- name: purge_dead
+-- Only dead letters of the tenant go; the side-effect ledger stays (it records
+-- what happened outside, and a later job reusing a key must still see it).
+DELETE FROM work_items
+WHERE id = :id AND status = 'dead_letter' AND (:tenant IS NULL OR tenant = :tenant)
+RETURNING id
+
+-- name: purge_events
+DELETE FROM work_events WHERE job_id = :id
+
+-- name: purge_dependencies
+DELETE FROM work_dependencies WHERE job_id = :id OR depends_on = :id
+
+-- name: purge_queue
+DELETE FROM agent_dispatch_queue WHERE job_id = :id
