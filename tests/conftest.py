@@ -15,6 +15,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 from backends import BUILDERS, CONTRACT_BACKENDS, Harness
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite starts hundreds of CLI, gateway and worker subprocesses: give
+    them a shared bytecode cache (under pytest's cache directory, outside the
+    source tree) so each does not compile every module it imports from source
+    again when the environment turns bytecode writing off."""
+    if config.cache is None or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return
+    os.environ["PYTHONPYCACHEPREFIX"] = str(config.cache.mkdir("pycache"))
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Crash tests run one after another on one pytest-xdist worker (with
     ``--dist loadgroup``): each runs a fleet of processes, and two side by side
