@@ -40,6 +40,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.xdist_group("crash"))
+    # Longest first, so the run does not end waiting on one long test that
+    # was handed out last: the crash group, then the directories whose tests
+    # start real processes, then the in-process contract and unit tests.
+    items.sort(key=_start_order)
+
+
+#: Test directories whose tests start gateway, worker and CLI processes.
+_PROCESS_DIRS = frozenset({"e2e", "intake", "integration"})
+
+
+def _start_order(item: pytest.Item) -> int:
+    if item.get_closest_marker("slow"):
+        return 0
+    folders = item.nodeid.split("::")[0].split("/")[:-1]
+    return 1 if _PROCESS_DIRS.intersection(folders) else 2
 
 
 @pytest.fixture(params=CONTRACT_BACKENDS)
