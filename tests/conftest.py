@@ -15,6 +15,17 @@ sys.path.insert(0, str(Path(__file__).parent))
 from backends import BUILDERS, CONTRACT_BACKENDS, Harness
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite starts hundreds of CLI, gateway and worker subprocesses: give
+    them a shared bytecode cache (under pytest's cache directory, outside the
+    source tree) so each does not compile every module it imports from source
+    again when the environment turns bytecode writing off."""
+    if config.cache is None or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return
+    os.environ["PYTHONPYCACHEPREFIX"] = str(config.cache.mkdir("pycache"))
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Crash tests run one after another on one pytest-xdist worker (with
     ``--dist loadgroup``): each runs a fleet of processes, and two side by side
@@ -29,6 +40,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.xdist_group("crash"))
+    # Longest first, so the run does not end waiting on one long test that
+    # was handed out last: the crash group, then the directories whose tests
+    # start real processes, then the in-process contract and unit tests.
+    items.sort(key=_start_order)
+
+
+#: Test directories whose tests start gateway, worker and CLI processes.
+_PROCESS_DIRS = frozenset({"e2e", "intake", "integration"})
+
+
+def _start_order(item: pytest.Item) -> int:
+    if item.get_closest_marker("slow"):
+        return 0
+    folders = item.nodeid.split("::")[0].split("/")[:-1]
+    return 1 if _PROCESS_DIRS.intersection(folders) else 2
 
 
 @pytest.fixture(params=CONTRACT_BACKENDS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from collections.abc import Callable
@@ -13,9 +14,42 @@ from ..errors import AgentDispatchError, ConfigError, TaskQueueUnavailable
 from .app import App
 from .usage import OneLineGroup
 
+#: The module that registers each top-level command. A command's module is
+#: imported only when that command runs, so ``agentdispatch token create`` does
+#: not load the worker runtime or the demo's terminal UI.
+_COMMANDS = {
+    **dict.fromkeys(("cancel", "dlq", "jobs", "migrate", "status", "submit"), "jobs"),
+    "schedule": "schedule",
+    "worker": "worker",
+    "demo": "demo",
+    "doctor": "doctor",
+    **dict.fromkeys(("gateway", "mcp", "token"), "gateway"),
+    "intake": "intake",
+}
+_MODULES = ("jobs", "schedule", "worker", "demo", "doctor", "gateway", "intake")
+_registered: set[str] = set()
+
+
+def _register(group: click.Group, modules: tuple[str, ...] = _MODULES) -> None:
+    for name in modules:
+        if name not in _registered:
+            _registered.add(name)
+            importlib.import_module(f"{__name__}.{name}").register(group)
+
 
 class Group(OneLineGroup):
     """Turns our errors into one clear line and a non-zero exit code."""
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands:
+            # An unknown name loads every module: the error then lists them all.
+            home = _COMMANDS.get(cmd_name)
+            _register(self, (home,) if home else _MODULES)
+        return super().get_command(ctx, cmd_name)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        _register(self)
+        return super().list_commands(ctx)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -46,13 +80,3 @@ def emit(data: Any, as_json: bool, human: Callable[[], None]) -> None:
         click.echo(json.dumps(data, indent=2, default=str))
     else:
         human()
-
-
-def _register() -> None:
-    from . import demo, doctor, gateway, intake, jobs, schedule, worker
-
-    for module in (jobs, schedule, worker, demo, doctor, gateway, intake):
-        module.register(main)
-
-
-_register()

@@ -8,10 +8,14 @@ import ipaddress
 import re
 import secrets
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..stores.base import Store
-from .errors import ApiError
-from .services import Services
+
+if TYPE_CHECKING:
+    # ``errors`` imports FastAPI: ``agentdispatch token create`` mints without it.
+    from .errors import ApiError
+    from .services import Services
 
 _TOKEN = re.compile(r"^adt_[0-9a-f]{12}_[A-Za-z0-9_-]{20,100}$")
 _TENANT = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,200}$")
@@ -42,6 +46,8 @@ class Caller:
         if self.tenant is None:
             return requested if isinstance(requested, str) and requested else "default"
         if requested not in (None, "", self.tenant):
+            from .errors import ApiError
+
             raise ApiError(403, "tenant_forbidden", "this token may only submit for its own tenant")
         return self.tenant
 
@@ -81,6 +87,8 @@ def check_bind(host: str, auth: bool) -> None:
 
 
 def _unauthorized(message: str) -> ApiError:
+    from .errors import ApiError
+
     return ApiError(401, "unauthorized", message, {"WWW-Authenticate": 'Bearer realm="agentdispatch"'})
 
 

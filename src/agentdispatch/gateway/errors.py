@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -126,8 +127,10 @@ def install(app: FastAPI, authenticate: Callable[[Request], Awaitable[None]] | N
 
 
 def _driver_errors() -> tuple[type[Exception], ...]:
-    try:
-        import psycopg
-    except ImportError:
+    # Only a PostgreSQL store or transport raises these, and opening one has
+    # imported psycopg already: a SQLite gateway does not load the driver at
+    # start-up just to name its errors.
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is None:
         return ()
     return (psycopg.OperationalError, psycopg.InterfaceError)
