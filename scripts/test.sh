@@ -13,7 +13,7 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
   . .venv/bin/activate
 fi
 python -m pip install -q --disable-pip-version-check "uv==0.13.9"
-uv pip install -q -r requirements/dev.lock -e .
+uv pip install -q --compile-bytecode -r requirements/dev.lock -e .
 if ! pg_isready -q -h 127.0.0.1 -p 5432; then
   pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start
   for _ in $(seq 1 30); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 1; done
