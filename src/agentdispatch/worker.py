@@ -161,13 +161,8 @@ class Worker:
 
     def _heartbeat_loop(self) -> None:
         while not self.stopping.wait(self.options.heartbeat_s):
+            # Fleet gauges are read from the store at scrape time (metrics.FleetCollector).
             self._beat(force=True)
-            try:
-                self.metrics.queue_depth.labels(backend=self.transport.name).set(self.transport.depth())
-                self.metrics.workers.set(len(self.store.workers()))
-            except Exception as exc:
-                if not recoverable(exc):
-                    raise
 
     # -- the claim loop -----------------------------------------------------
     def _lane(self, index: int) -> Lane:

@@ -25,7 +25,19 @@ from ..errors import JobNotFound, LeaseLost, TaskQueueUnavailable
 from ..sqlfiles import migrations
 from ..workitem import Lease, Outcome, Status, WorkItem
 from . import engine
-from .base import Accepted, Claim, Effect, EffectState, JobFilter, NewJob, OutboxRow, Schedule, SweepReport, WorkerRow
+from .base import (
+    Accepted,
+    Claim,
+    Effect,
+    EffectState,
+    JobFilter,
+    NewJob,
+    OutboxRow,
+    Schedule,
+    SweepReport,
+    TenantCount,
+    WorkerRow,
+)
 from .pg_db import Conn, PgDb, describe, scalar
 from .pg_tx import SMALL_SUBMISSION, PostgresTx, Q
 from .rows import advance_params, effect_from_row, item_from_row, schedule_from_row, schedule_params, worker_from_row
@@ -297,6 +309,10 @@ class PostgresStore:
     def counts(self, tenant: str | None) -> dict[str, int]:
         rows = self.db.read(lambda c: c.execute(Q["counts"], {"tenant": tenant}).fetchall())
         return {r["status"]: int(r["n"]) for r in rows}
+
+    def fleet_counts(self) -> list[TenantCount]:
+        rows = self.db.read(lambda c: c.execute(Q["fleet_counts"]).fetchall())
+        return [TenantCount(r["tenant"], r["status"], int(r["n"]), float(r["oldest"])) for r in rows]
 
     def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
         def q(conn: Conn) -> dict[str, Any]:
