@@ -17,6 +17,7 @@ from ..metrics import Exposition, FleetCollector, Metrics
 from ..runtime import AsyncWorker, RuntimeOptions
 from ..stores.base import Store
 from ..transports.base import Transport
+from . import exits
 from .app import App
 from .usage import OneLineCommand
 
@@ -97,7 +98,7 @@ def serve_metrics(port: int, host: str, metrics: Metrics, store: Store, transpor
 def run_worker(
     obj: App, options: RuntimeOptions, app_spec: str | None, metrics_port: int | None, metrics_host: str = "127.0.0.1"
 ) -> None:
-    """Preflight (exit 2 on failure), then run until SIGTERM/SIGINT."""
+    """Preflight (exit 69, unavailable, on failure), then run until SIGTERM/SIGINT."""
     obj.app_spec = app_spec
     try:
         settings = obj.settings
@@ -110,14 +111,14 @@ def run_worker(
             f"error: preflight failed: {exc} (check TASK_QUEUE_BACKEND / STATE_DB_URI / KAFKA_BOOTSTRAP_SERVERS)",
             err=True,
         )
-        sys.exit(2)
+        sys.exit(exits.UNAVAILABLE)
     except sqlite3.DatabaseError:
         # Raised as is at run time (a worker exits non-zero); at start-up it is a setting to check.
         click.echo(
             "error: preflight failed: the SQLite queue file is not a database (check AGENT_DISPATCH_DATA_DIR)",
             err=True,
         )
-        sys.exit(2)
+        sys.exit(exits.UNAVAILABLE)
     if metrics_port is not None:
         serve_metrics(metrics_port, metrics_host, worker.metrics, store, transport)
 
@@ -136,7 +137,7 @@ def run_worker(
     if worker.fatal is not None:
         # Exit non-zero so that a supervisor restarts the process.
         click.echo(f"worker {worker.worker_id}: stopped by an unrecoverable error: {worker.fatal!r}", err=True)
-        sys.exit(3)
+        sys.exit(exits.WORKER_FATAL)
     state = "clean" if clean else "grace period ran out; the turns left were released"
     click.echo(f"worker {worker.worker_id}: stopped ({state})", err=True)
     sys.exit(0)
