@@ -90,6 +90,9 @@ class AsyncWorker:
         self._claim_wake: asyncio.Event | None = None
         self._finish_wake: asyncio.Event | None = None
         self._started_at = time.time()
+        self._last_beat = float("-inf")
+        self._beat_queued = False
+        self._beat_task: asyncio.Future[None] | None = None
 
     # -- lifecycle ------------------------------------------------------------
     def preflight(self) -> None:
@@ -192,6 +195,8 @@ class AsyncWorker:
                 log.info("claiming resumed after %d failed attempt(s)", backoff.reset())
             for c in claimed:
                 self._start(c, handlers)
+            if claimed:
+                self._beat_soon()
             if dry and not self.stopping:
                 await self._off(self._claims, self.transport.wait, self.options.get_wait_s)
 
@@ -316,7 +321,26 @@ class AsyncWorker:
         self.metrics.turns.labels(outcome=end.value).inc()
 
     # -- heartbeat ----------------------------------------------------------------
+    def _beat_soon(self) -> None:
+        """New sessions: a heartbeat now, or one second after the last one
+        (deferred, never dropped), so the fleet view shows them within 1 s."""
+        if self._beat_queued or self._loop is None:
+            return
+        self._beat_queued = True
+        delay = max(0.0, self._last_beat + 1.0 - self.clock())
+        self._loop.call_later(delay, self._fire_beat)
+
+    def _fire_beat(self) -> None:
+        self._beat_task = asyncio.ensure_future(self._queued_beat())  # held: the loop keeps tasks weakly
+
+    async def _queued_beat(self) -> None:
+        self._beat_queued = False
+        if not self.stopping:
+            with contextlib.suppress(Exception):  # the periodic beat reports failures
+                await self._off(self._io, self._beat)
+
     def _beat(self) -> None:
+        self._last_beat = self.clock()
         sessions = sorted({r.item.session_id for r in list(self.running)})[:HEARTBEAT_SESSIONS]
         try:
             self.store.heartbeat(
