@@ -184,6 +184,13 @@ def test_metrics_expose_the_fleet_series(api: httpx.Client, harness: Harness) ->
     assert r.headers["cache-control"] == "no-store"
 
 
+def test_readyz_and_topology(api: httpx.Client) -> None:
+    ready = api.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"] == {"store": "ok", "transport": "ok"}
+    assert api.get("/healthz").json() == {"status": "ok"}
+    assert api.get("/api/fleet/topology").headers["cache-control"] == "no-store"
+
+
 def test_topology_shows_live_workers_and_only_the_callers_sessions(gw: Gateway, harness: Harness) -> None:
     d = harness.dispatcher()
     from agentdispatch.dispatch import Submission
