@@ -37,6 +37,8 @@ class TurnFields(logging.Filter):
     """Copies the current turn's fields onto each record (never drops one)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        # uvicorn's terminal-colour copy of the message has no place in a log line.
+        record.__dict__.pop("color_message", None)
         for k, v in (_TURN.get() or {}).items():
             if not hasattr(record, k):
                 setattr(record, k, v)
