@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine. Uses the active virtualenv, or makes
 # .venv; installs the locked dev dependencies (requirements/dev.lock) into it;
-# makes sure PostgreSQL runs and Debian's chromium and pgbouncer are present;
+# makes sure PostgreSQL runs and Debian's chromium, pgbouncer and promtool
+# (package prometheus) are present;
 # then runs pytest in parallel. Extra arguments go to pytest. The Kafka-protocol
 # broker and the private PostgreSQL clusters of the restart tests are started by
 # the tests themselves.
@@ -23,6 +24,8 @@ missing=()
 # The contract suite also runs behind PgBouncer in transaction mode; the dashboard test drives chromium.
 command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
+# The metrics test checks real scrapes and the scrape example with promtool.
+command -v promtool >/dev/null || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null \
     || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null; }

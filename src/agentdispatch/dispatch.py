@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from . import tracing
 from .envelope import MAX_PAYLOAD_BYTES, JobHandle, new_job_id
 from .errors import InvalidInput, PayloadTooLarge, TaskQueueUnavailable
 from .settings import Settings
@@ -204,9 +205,12 @@ class Dispatcher:
         jobs = [validate(s, max_attempts=self.settings.max_attempts, known_kinds=self.known_kinds) for s in subs]
         if not jobs:
             return []
-        self.transport.admit(len(jobs), self.settings.max_depth)
-        accepted = self.store.submit(jobs, max_depth=self.settings.max_depth)
-        self._publish()
+        with tracing.span("submit", turns=len(jobs), kind=jobs[0].kind if len(jobs) == 1 else None) as s:
+            self.transport.admit(len(jobs), self.settings.max_depth)
+            accepted = self.store.submit(jobs, max_depth=self.settings.max_depth)
+            if s is not None and len(accepted) == 1:
+                s.set_attribute("agentdispatch.job_id", accepted[0].item.id)
+            self._publish()
         return [JobHandle.for_job(a.item.id, a.item.session_id, a.item.kind) for a in accepted]
 
     def _publish(self) -> None:

@@ -39,10 +39,12 @@ class Envelope(BaseModel):
     deadline_unix: float | None = None
     attempt: int = Field(default=0, ge=0)
     enqueued_at: float
+    #: The W3C trace context of the submission (tracing.py); absent without one.
+    traceparent: str | None = Field(default=None, max_length=512)
 
     def to_json(self) -> str:
-        """Serialise for the wire."""
-        return self.model_dump_json()
+        """Serialise for the wire (an untraced envelope has no ``traceparent``)."""
+        return self.model_dump_json(exclude={"traceparent"} if self.traceparent is None else None)
 
     @classmethod
     def from_json(cls, raw: str | bytes) -> Envelope:

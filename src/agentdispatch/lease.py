@@ -14,6 +14,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import tracing
 from .clock import Clock, MonotonicClock
 from .errors import AgentDispatchError, EffectUnknown, InvalidInput, LeaseLost
 from .policy import renew_every
@@ -72,6 +73,8 @@ class LeaseGuard:
         self.renewer = renewer
         self.lease = lease
         self.ttl_s = ttl_s
+        #: The turn's span (see :mod:`.tracing`): side effects are traced under it.
+        self.trace: Any = None
         self.every = renew_every(ttl_s, renew_interval_s)
         self._lost: str | None = None
         self._stop = threading.Event()
@@ -212,6 +215,12 @@ class LeaseGuard:
         a parameter named ``fence`` receives the lease's :class:`Fence`.
 
         In an ``async def`` handler use :meth:`side_effect_async`."""
+        with tracing.span("side_effect", parent=self.trace, key=key, job_id=self.lease.job_id):
+            return self._side_effect(key, fn, verify=verify, idempotent=idempotent)
+
+    def _side_effect(
+        self, key: str, fn: Callable[..., T], *, verify: Callable[[], T | NotHappened] | None, idempotent: bool
+    ) -> T:
         done = self._begin(key, retry_unknown=idempotent)
         if done is not None and done.state == "unknown":
             if verify is None:
@@ -250,6 +259,17 @@ class LeaseGuard:
         ledger writes run off the loop. The same ledger, states and fence: a
         turn cancelled while ``fn`` runs leaves it ``unknown``; one cancelled
         before ``fn`` started never starts it."""
+        with tracing.span("side_effect", parent=self.trace, key=key, job_id=self.lease.job_id):
+            return await self._side_effect_async(key, fn, verify=verify, idempotent=idempotent)
+
+    async def _side_effect_async(
+        self,
+        key: str,
+        fn: Callable[..., Awaitable[T]],
+        *,
+        verify: Callable[[], Awaitable[T | NotHappened]] | None,
+        idempotent: bool,
+    ) -> T:
         done = await self._io(self._begin, key, retry_unknown=idempotent)
         if done is not None and done.state == "unknown":
             if verify is None:

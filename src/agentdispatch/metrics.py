@@ -1,8 +1,35 @@
-"""Prometheus series (SPEC section 8), one registry per process object."""
+"""Prometheus series (SPEC section 8; reference in docs/metrics.md).
+
+Two kinds, so that every scrape tells the same truth:
+
+* :class:`Metrics`: what *this process* did (turns it ran, their durations,
+  its lease failures), one private registry per process object. Sum them over
+  every worker target in PromQL.
+* :class:`FleetCollector`: the state of the whole fleet (depth, live workers,
+  dead letters, turns in flight), read from the store at scrape time, so the
+  gateway's ``/metrics`` and any worker's ``--metrics-port`` agree.
+"""
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from .fleet import LIVE_FOR_S
+
+if TYPE_CHECKING:
+    from .stores.base import Store
+    from .transports.base import Transport
+
+log = logging.getLogger("agentdispatch.metrics")
+
+PREFIX = "agent_utilities_dispatch_"
 
 OUTCOMES = (
     "completed",
@@ -17,70 +44,173 @@ OUTCOMES = (
     "released",
 )
 
+#: How a handler run ended, by kind (``runs_total``).
+RUN_RESULTS = ("ok", "error", "timeout", "lost")
+
+#: Per-process series a gateway serves (the rest only mean something in a worker).
+GATEWAY_SERIES = frozenset({PREFIX + "intake_backlog_full"})
+
 
 class Metrics:
-    """The dispatch series, registered on a private registry."""
+    """The per-process series, registered on a private registry."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.queue_depth = Gauge("agent_utilities_dispatch_queue_depth", "Unclaimed turns", ["backend"], registry=r)
-        self.turns = Counter("agent_utilities_dispatch_turns", "Processed turns by outcome", ["outcome"], registry=r)
-        self.workers = Gauge("agent_utilities_dispatch_workers", "Live workers (fresh heartbeats)", registry=r)
+        self.turns = Counter(PREFIX + "turns", "Processed turns by outcome", ["outcome"], registry=r)
+        self.runs = Counter(
+            PREFIX + "runs", "Handler runs by kind and result: ok, error, timeout, lost", ["kind", "result"], registry=r
+        )
+        self.run_seconds = Histogram(
+            PREFIX + "run_duration_seconds",
+            "Handler run time, claim to outcome, by kind",
+            ["kind"],
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600),
+            registry=r,
+        )
         self.time_in_queue = Histogram(
-            "agent_utilities_dispatch_time_in_queue_seconds",
+            PREFIX + "time_in_queue_seconds",
             "Enqueue to claim",
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 1800),
             registry=r,
         )
         self.attempts = Histogram(
-            "agent_utilities_dispatch_attempts",
-            "Attempt number at claim",
-            buckets=(1, 2, 3, 4, 5, 7, 10, 20),
-            registry=r,
+            PREFIX + "attempts", "Attempt number at claim", buckets=(1, 2, 3, 4, 5, 7, 10, 20), registry=r
         )
         self.commit_batch = Histogram(
-            "agent_utilities_dispatch_commit_batch_turns",
+            PREFIX + "commit_batch_turns",
             "Turns committed by one worker commit transaction",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128),
             registry=r,
         )
-        self.redeliveries = Counter("agent_utilities_dispatch_redeliveries", "Deliveries after the first", registry=r)
-        self.lease_failures = Counter(
-            "agent_utilities_dispatch_lease_failures", "Renewals or commits refused", registry=r
-        )
+        self.redeliveries = Counter(PREFIX + "redeliveries", "Deliveries after the first", registry=r)
+        self.lease_failures = Counter(PREFIX + "lease_failures", "Renewals or commits refused", registry=r)
         self.worker_errors = Counter(
-            "agent_utilities_dispatch_worker_errors",
+            PREFIX + "worker_errors",
             "Store or transport errors a claim thread backed off from, by exception class",
             ["error"],
             registry=r,
         )
         self.intake_backlog_full = Counter(
-            "agent_utilities_dispatch_intake_backlog_full",
+            PREFIX + "intake_backlog_full",
             "Intake updates answered 503 because their agent's open-item bound was reached",
             ["connector"],
             registry=r,
         )
-        self.in_flight = Gauge("agent_utilities_dispatch_in_flight", "Turns running in this worker", registry=r)
+        self.in_flight = Gauge(PREFIX + "in_flight", "Turns running in this worker", registry=r)
         self.concurrency_limit = Gauge(
-            "agent_utilities_dispatch_concurrency_limit",
+            PREFIX + "concurrency_limit",
             "Turns this worker may run at once (lowered while a handler reports overload)",
             registry=r,
         )
         self.renew_lateness = Gauge(
-            "agent_utilities_dispatch_renew_lateness_max_seconds",
+            PREFIX + "renew_lateness_max_seconds",
             "Worst delay of a lease renewal past its due time since the worker started",
             registry=r,
         )
-        self.dead_letters = Gauge("agent_utilities_dispatch_dead_letter", "Items in the dead-letter queue", registry=r)
-        self.dead_letter_oldest = Gauge(
-            "agent_utilities_dispatch_dead_letter_oldest_age_seconds",
-            "Age of the oldest dead-lettered item",
+        self.renew_late = Histogram(
+            PREFIX + "renew_lateness_seconds",
+            "Delay of each batch of lease renewals past its due time",
+            buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30),
             registry=r,
         )
         for outcome in OUTCOMES:
             self.turns.labels(outcome=outcome)
 
     def render(self) -> bytes:
-        """The Prometheus text exposition."""
+        """The Prometheus text exposition of this process's series."""
         return generate_latest(self.registry)
+
+
+class FleetCollector:
+    """Fleet gauges read from the store and transport at scrape time.
+
+    ``tenant`` limits the per-tenant series to one tenant (a tenant's token);
+    None shows every tenant (the operator). A store that cannot be read gives
+    ``store_up 0`` and no fleet series instead of a failed scrape."""
+
+    def __init__(
+        self,
+        backends: Callable[[], tuple[Store, Transport]],
+        *,
+        tenant: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.backends = backends
+        self.tenant = tenant
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        """The fleet series (prometheus_client's collector protocol)."""
+        up = GaugeMetricFamily(PREFIX + "store_up", "1 when this scrape could read the store and transport")
+        try:
+            fleet = list(self._fleet())
+        except Exception as exc:  # a scrape reports an outage, it does not fail
+            log.warning("fleet metrics unavailable: %s", type(exc).__name__)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from fleet
+
+    def _fleet(self) -> Iterator[Metric]:
+        store, transport = self.backends()
+        depth = GaugeMetricFamily(
+            PREFIX + "queue_depth", "Unclaimed envelopes on the transport (every tenant)", labels=["backend"]
+        )
+        depth.add_metric([transport.name], transport.depth())
+        rows = store.workers(max_age_s=LIVE_FOR_S)
+        workers = GaugeMetricFamily(PREFIX + "workers", "Live workers (heartbeat younger than 90 s)")
+        workers.add_metric([], len(rows))
+        capacity = GaugeMetricFamily(PREFIX + "worker_capacity", "Turns the live workers may run at once")
+        capacity.add_metric([], sum(r.capacity for r in rows))
+        per: dict[str, dict[str, tuple[int, float]]] = {}
+        for c in store.fleet_counts():
+            if self.tenant is None or c.tenant == self.tenant:
+                per.setdefault(c.tenant, {})[c.status] = (c.n, c.oldest)
+        if self.tenant is not None:
+            per.setdefault(self.tenant, {})
+        now = self.clock()
+        tenant_depth = _family("tenant_depth", "Submitted and ready items, by tenant")
+        in_flight = _family("turns_in_flight", "Leased and running items, by tenant (every worker)")
+        dead = _family("dead_letter", "Items in the dead-letter queue, by tenant")
+        oldest = _family("dead_letter_oldest_age_seconds", "Age of the oldest dead-lettered item, by tenant")
+        for tenant in sorted(per):
+            s = per[tenant]
+            n = _sum(s, ("submitted", "ready"))
+            tenant_depth.add_metric([tenant], n)
+            in_flight.add_metric([tenant], _sum(s, ("leased", "running")))
+            n_dead, stamp = s.get("dead_letter", (0, now))
+            dead.add_metric([tenant], n_dead)
+            oldest.add_metric([tenant], max(0.0, now - stamp) if n_dead else 0.0)
+        yield from (depth, workers, capacity, tenant_depth, in_flight, dead, oldest)
+
+
+def _family(name: str, doc: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(PREFIX + name, doc, labels=["tenant"])
+
+
+def _sum(by_status: dict[str, tuple[int, float]], statuses: Iterable[str]) -> int:
+    return sum(by_status.get(s, (0, 0.0))[0] for s in statuses)
+
+
+class Exposition:
+    """Several collectors rendered as one scrape; ``only`` keeps the named
+    families of the first (a gateway serves none of a worker's series)."""
+
+    def __init__(self, *collectors: CollectorRegistry | FleetCollector, only: frozenset[str] | None = None) -> None:
+        self.collectors = collectors
+        self.only = only
+
+    def collect(self) -> Iterator[Metric]:
+        """Every family of every collector, in order."""
+        for i, c in enumerate(self.collectors):
+            for family in c.collect():
+                if i == 0 and self.only is not None and family.name not in self.only:
+                    continue
+                yield family
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self)

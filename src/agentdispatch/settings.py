@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,13 @@ class Backend(StrEnum):
     SQLITE = "sqlite"
     POSTGRES = "postgres"
     KAFKA = "kafka"
+
+
+class LogFormat(StrEnum):
+    """How log lines are written."""
+
+    TEXT = "text"
+    JSON = "json"
 
 
 #: Fixed names (SPEC section 5).
@@ -67,6 +75,42 @@ class Settings(BaseSettings):
     intake_scrub_age_s: float = Field(
         default=7 * 86400.0, gt=0, le=366 * 86400, alias="AGENT_DISPATCH_INTAKE_SCRUB_AGE_S"
     )
+
+    #: A bearer credential for ``GET /metrics`` that sees every tenant (an
+    #: operator's Prometheus); at least 32 characters.
+    metrics_token: SecretStr | None = Field(default=None, alias="AGENT_DISPATCH_METRICS_TOKEN")
+    #: ``text`` (the default) or ``json``: one JSON object per log line.
+    log_format: LogFormat = Field(default=LogFormat.TEXT, alias="AGENT_DISPATCH_LOG_FORMAT")
+
+    @field_validator("intake_key", mode="before")
+    @classmethod
+    def _intake_key(cls, value: Any) -> Any:
+        # Checked at start, not at the first webhook: a short key seals nothing.
+        if isinstance(value, str):
+            value = value.strip() or None
+            if value is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+                raise ValueError(
+                    f"AGENT_DISPATCH_INTAKE_KEY must be 64 hex characters (got {len(value)} characters); "
+                    "make one with: python -c 'import secrets; print(secrets.token_hex(32))'"
+                )
+        return value
+
+    @field_validator("metrics_token", mode="before")
+    @classmethod
+    def _metrics_token(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip() or None
+            if value is not None and len(value) < 32:
+                raise ValueError(
+                    f"AGENT_DISPATCH_METRICS_TOKEN must be at least 32 characters (got {len(value)}); "
+                    "make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+                )
+        return value
+
+    @field_validator("log_format", mode="before")
+    @classmethod
+    def _lower_format(cls, value: Any) -> Any:
+        return value.strip().lower() or LogFormat.TEXT if isinstance(value, str) else value
 
     @field_validator("task_queue_backend", mode="before")
     @classmethod

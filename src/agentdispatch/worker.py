@@ -81,6 +81,7 @@ class Worker:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._started_at = time.time()
+        self._beat_deferred = False
         self.backpressure = Backpressure()
         self.renewer = Renewer()
         # Per claim thread: turns claimed in the transaction that committed the
@@ -140,7 +141,14 @@ class Worker:
         now = time.time()
         with self._lock:
             if not force and now - self._state.last_beat < 1.0:
-                return  # at most one heartbeat write per second from claims
+                # At most one heartbeat write per second from claims: this one
+                # is deferred (not dropped), so the new session shows within 1 s.
+                if not self._beat_deferred:
+                    self._beat_deferred = True
+                    timer = threading.Timer(1.0 - (now - self._state.last_beat), self._deferred_beat)
+                    timer.daemon = True
+                    timer.start()
+                return
             self._state.last_beat = now
             sessions = tuple(sorted(set(self._state.active.values())))
         try:
@@ -159,15 +167,16 @@ class Worker:
                 raise
             log.warning("heartbeat failed: %s", exc)
 
+    def _deferred_beat(self) -> None:
+        with self._lock:
+            self._beat_deferred = False
+        if not self.stopping.is_set():
+            self._beat(force=True)
+
     def _heartbeat_loop(self) -> None:
         while not self.stopping.wait(self.options.heartbeat_s):
+            # Fleet gauges are read from the store at scrape time (metrics.FleetCollector).
             self._beat(force=True)
-            try:
-                self.metrics.queue_depth.labels(backend=self.transport.name).set(self.transport.depth())
-                self.metrics.workers.set(len(self.store.workers()))
-            except Exception as exc:
-                if not recoverable(exc):
-                    raise
 
     # -- the claim loop -----------------------------------------------------
     def _lane(self, index: int) -> Lane:

@@ -77,8 +77,10 @@ def test_store_outage_is_503_with_retry_after_and_loses_nothing(
             assert r.headers["Retry-After"].isdigit()
             assert r.json()["error"] == "unavailable"
             assert str(tmp_path) not in r.text and "sqlite3" not in r.text
-        health = httpx.get(f"{url}/healthz")
-        assert health.status_code == 503 and health.headers["Retry-After"]
+        ready = httpx.get(f"{url}/readyz")
+        assert ready.status_code == 503 and ready.headers["Retry-After"]
+        assert ready.json()["checks"]["store"] == "unreachable"
+        assert httpx.get(f"{url}/healthz").status_code == 200  # the process itself is up
 
         services.auth = False  # reach the registry read itself, past the token check
         topo = httpx.get(f"{url}/api/fleet/topology")

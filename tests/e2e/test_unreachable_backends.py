@@ -33,7 +33,7 @@ def test_worker_preflight_fails_loudly_without_echoing_endpoints(
         ["agent-dispatch-worker", "--workers", "1"], env=full, capture_output=True, text=True, timeout=120, check=False
     )
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, out
+    assert proc.returncode == 69, out
     assert names in out
     assert "Traceback" not in out
     assert "127.0.0.1:1" not in out and SECRET not in out and "admin" not in out
@@ -58,9 +58,9 @@ def _missing_database() -> str:
         (
             lambda: f"postgresql://admin:{SECRET}@127.0.0.1:{_free_port()}/nowhere",
             "error: cannot connect to PostgreSQL at STATE_DB_URI: connection refused",
-            2,
+            69,  # EX_UNAVAILABLE
         ),
-        (_missing_database, "error: cannot connect to PostgreSQL at STATE_DB_URI: no such database", 2),
+        (_missing_database, "error: cannot connect to PostgreSQL at STATE_DB_URI: no such database", 69),
         (lambda: f"mysql://admin:{SECRET}@127.0.0.1/db", "error: STATE_DB_URI must be a postgresql:// URI", 1),
     ],
     ids=["refused", "no-database", "bad-scheme"],

@@ -43,8 +43,12 @@ def env(**kw: object) -> Envelope:
 
 
 def test_envelope_carries_exactly_the_spec_fields() -> None:
-    assert set(Envelope.model_fields) == FIELDS
+    # Plus the optional W3C trace context, on the wire only when traced.
+    assert set(Envelope.model_fields) == FIELDS | {"traceparent"}
     assert set(json.loads(env().to_json())) == FIELDS
+    traced = env().model_copy(update={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"})
+    assert set(json.loads(traced.to_json())) == FIELDS | {"traceparent"}
+    assert Envelope.from_json(traced.to_json()) == traced
 
 
 @pytest.mark.parametrize("deadline", [1_900_000_000.5, None])

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from ..errors import AgentDispatchError, ConfigError, TaskQueueUnavailable
+from . import exits
 from .app import App
 from .usage import OneLineGroup
 
@@ -56,10 +57,10 @@ class Group(OneLineGroup):
             return super().invoke(ctx)
         except TaskQueueUnavailable as exc:
             click.echo(f"error: {exc}", err=True)
-            sys.exit(2)
+            sys.exit(exits.UNAVAILABLE)
         except (AgentDispatchError, ConfigError) as exc:
             click.echo(f"error: {exc}", err=True)
-            sys.exit(1)
+            sys.exit(exits.ERROR)
 
 
 @click.group(cls=Group)

@@ -62,6 +62,7 @@ def register(main: click.Group) -> None:
 
         from ..gateway import Services, create_app
         from ..gateway.auth import check_bind
+        from ..logs import logging_config
 
         try:
             check_bind(host, auth=not no_auth)
@@ -74,7 +75,9 @@ def register(main: click.Group) -> None:
         mode = "auth off (loopback)" if no_auth else "bearer auth"
         click.echo(f"gateway on {services.transport.name}, {mode}: http://{host}:{port}/", err=True)
         try:
-            uvicorn.run(create_app(services), host=host, port=port, log_level=log_level, access_log=False)
+            # One log format for uvicorn's lines and ours (AGENT_DISPATCH_LOG_FORMAT).
+            config = logging_config(obj.settings.log_format.value, log_level)
+            uvicorn.run(create_app(services), host=host, port=port, log_config=config, access_log=False)
         finally:
             services.close()
 

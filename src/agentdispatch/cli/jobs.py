@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import re
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import click
+from rich import box
 from rich.console import Console
 from rich.table import Column, Table
 
@@ -21,7 +22,10 @@ from ..workitem import Status, WorkItem
 from .app import App
 
 TENANT = click.option("--tenant", default="default", show_default=True, help="Tenant scope.")
-JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON (times stay Unix seconds).")
+ALL_TENANTS = click.option(
+    "--all-tenants", is_flag=True, help="Every tenant (the operator's view; the CLI reads the store directly)."
+)
 STATUSES = click.Choice([s.value for s in Status])
 
 
@@ -31,12 +35,43 @@ def _emit(data: Any, as_json: bool, human: Any) -> None:
     emit(data, as_json, human)
 
 
-def _table(items: list[WorkItem]) -> None:
-    table = Table("kind", "status", "attempt", "session", "reason")
-    table.columns.insert(0, Column("job_id", no_wrap=True, min_width=41))
+def _table(items: list[WorkItem], *, tenants: bool = False) -> None:
+    """Jobs as a table that reads at 80 columns: ids whole (they are copied
+    into other commands), free text shortened with an ellipsis, and the
+    reason column only when some job has one."""
+    reasons = any(it.reason for it in items)
+    columns = [
+        Column("job_id", no_wrap=True, min_width=41),
+        Column("status", no_wrap=True),
+        Column("att", no_wrap=True, justify="right"),
+        Column("kind", no_wrap=True, overflow="ellipsis", max_width=16),
+    ]
+    if tenants:
+        columns.append(Column("tenant", no_wrap=True, overflow="ellipsis", max_width=12))
+    if reasons:
+        columns.append(Column("reason", no_wrap=True, overflow="ellipsis"))
+    table = Table(*columns, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     for it in items:
-        table.add_row(it.id, it.kind, it.status.value, str(it.attempt), it.session_id, it.reason or "")
+        row = [it.id, it.status.value, f"{it.attempt}/{it.max_attempts}", it.kind]
+        row += [it.tenant] if tenants else []
+        row += [it.reason or ""] if reasons else []
+        table.add_row(*row)
     Console().print(table)
+
+
+#: View keys holding Unix times: shown as ISO 8601 (UTC) to people.
+_TIMES = frozenset({"created_at", "ready_at", "updated_at", "completed_at", "deadline_unix", "at"})
+
+
+def human_value(key: str, value: Any) -> str:
+    """One value of a job view as a person reads it (``--json`` keeps the raw one)."""
+    if value is None or value == "" or value == []:
+        return "-"
+    if key in _TIMES and isinstance(value, int | float):
+        return datetime.fromtimestamp(value, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=str)
+    return str(value)
 
 
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -139,10 +174,11 @@ def register(main: click.Group) -> None:
         def human() -> None:
             job = view["job"] if history else view
             for k, v in job.items():
-                click.echo(f"{k:>14}: {v}")
+                click.echo(f"{k:>14}: {human_value(k, v)}")
             for ev in view.get("events", []):
                 click.echo(
-                    f"  event {ev['event']:<14} status={ev['status']} attempt={ev['attempt']} epoch={ev['epoch']}"
+                    f"  {human_value('at', ev.get('at'))} {ev['event']:<14} status={ev['status']} "
+                    f"attempt={ev['attempt']} epoch={ev['epoch']}"
                 )
             for eff in view.get("side_effects", []):
                 click.echo(f"  effect {eff['key']} {eff['state']} epoch={eff['epoch']}")
@@ -170,6 +206,7 @@ def register(main: click.Group) -> None:
     @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
     @click.option("--offset", type=click.IntRange(0), default=0, show_default=True)
     @TENANT
+    @ALL_TENANTS
     @JSON
     @click.pass_obj
     def jobs(
@@ -181,14 +218,16 @@ def register(main: click.Group) -> None:
         limit: int,
         offset: int,
         tenant: str,
+        all_tenants: bool,
         as_json: bool,
         **kw: Any,
     ) -> None:
         """List jobs, newest first; filters apply across every page."""
         filters = JobFilter(created_from=_moment(since, "--since"), created_to=_moment(until, "--until"), **kw)
         status = Status(status_) if status_ else None
-        items = obj.dispatcher().jobs(tenant, status, limit=limit, offset=offset, filters=filters)
-        _emit([i.view() for i in items], as_json, lambda: _table(items))
+        scope = None if all_tenants else tenant
+        items = obj.dispatcher().jobs(scope, status, limit=limit, offset=offset, filters=filters)
+        _emit([i.view() for i in items], as_json, lambda: _table(items, tenants=all_tenants))
 
     @main.group()
     def dlq() -> None:
@@ -197,15 +236,20 @@ def register(main: click.Group) -> None:
     @dlq.command("list")
     @click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
     @TENANT
+    @ALL_TENANTS
     @JSON
     @click.pass_obj
-    def dlq_list(obj: App, limit: int, tenant: str, as_json: bool) -> None:
+    def dlq_list(obj: App, limit: int, tenant: str, all_tenants: bool, as_json: bool) -> None:
         """Dead-lettered jobs and poison envelopes."""
-        items = obj.dispatcher().jobs(tenant, Status.DEAD_LETTER, limit=limit)
+        items = obj.dispatcher().jobs(None if all_tenants else tenant, Status.DEAD_LETTER, limit=limit)
         poison = obj.store.poison(limit=limit)
 
         def human() -> None:
-            _table(items)
+            _table(items, tenants=all_tenants)
+            if not items and not all_tenants:
+                counts = obj.store.counts(None).get(Status.DEAD_LETTER.value, 0)
+                if counts:
+                    click.echo(f"tenant {tenant}: none; {counts} in other tenants (--all-tenants shows them)")
             for p in poison:
                 click.echo(f"poison {p['digest'][:12]}  {p['reason']}")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import signal
 import sqlite3
 import sys
@@ -13,7 +12,12 @@ from typing import Any
 import click
 
 from ..errors import AgentDispatchError, TaskQueueUnavailable
+from ..logs import configure as configure_logs
+from ..metrics import Exposition, FleetCollector, Metrics
 from ..runtime import AsyncWorker, RuntimeOptions
+from ..stores.base import Store
+from ..transports.base import Transport
+from . import exits
 from .app import App
 from .usage import OneLineCommand
 
@@ -48,7 +52,18 @@ GRACE = click.option(
     show_default=True,
     help="Seconds turns in flight get after SIGTERM; then they are cancelled and their leases released.",
 )
-METRICS = click.option("--metrics-port", type=int, default=None, help="Serve Prometheus metrics on this port.")
+METRICS = click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Serve Prometheus metrics on PORT (this worker's turns and the fleet gauges).",
+)
+METRICS_HOST = click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the --metrics-port server binds (no authentication: keep it private).",
+)
 BATCH = click.option(
     "--batch",
     type=click.IntRange(1, 1024),
@@ -71,12 +86,23 @@ def options_of(
     )
 
 
-def run_worker(obj: App, options: RuntimeOptions, app_spec: str | None, metrics_port: int | None) -> None:
-    """Preflight (exit 2 on failure), then run until SIGTERM/SIGINT."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+def serve_metrics(port: int, host: str, metrics: Metrics, store: Store, transport: Transport) -> None:
+    """Serve this worker's series and the fleet gauges (read from the store at
+    each scrape, as the gateway does) on ``host:port``."""
+    from prometheus_client import start_http_server
+
+    fleet = FleetCollector(lambda: (store, transport))
+    start_http_server(port, addr=host, registry=Exposition(metrics.registry, fleet))
+
+
+def run_worker(
+    obj: App, options: RuntimeOptions, app_spec: str | None, metrics_port: int | None, metrics_host: str = "127.0.0.1"
+) -> None:
+    """Preflight (exit 69, unavailable, on failure), then run until SIGTERM/SIGINT."""
     obj.app_spec = app_spec
     try:
         settings = obj.settings
+        configure_logs(settings.log_format.value)
         store, transport = obj.backends
         worker = AsyncWorker(settings, store, transport, obj.registry, options=options)
         worker.preflight()
@@ -85,18 +111,16 @@ def run_worker(obj: App, options: RuntimeOptions, app_spec: str | None, metrics_
             f"error: preflight failed: {exc} (check TASK_QUEUE_BACKEND / STATE_DB_URI / KAFKA_BOOTSTRAP_SERVERS)",
             err=True,
         )
-        sys.exit(2)
+        sys.exit(exits.UNAVAILABLE)
     except sqlite3.DatabaseError:
         # Raised as is at run time (a worker exits non-zero); at start-up it is a setting to check.
         click.echo(
             "error: preflight failed: the SQLite queue file is not a database (check AGENT_DISPATCH_DATA_DIR)",
             err=True,
         )
-        sys.exit(2)
+        sys.exit(exits.UNAVAILABLE)
     if metrics_port is not None:
-        from prometheus_client import start_http_server
-
-        start_http_server(metrics_port, addr="127.0.0.1", registry=worker.metrics.registry)
+        serve_metrics(metrics_port, metrics_host, worker.metrics, store, transport)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         worker.request_stop()
@@ -113,14 +137,14 @@ def run_worker(obj: App, options: RuntimeOptions, app_spec: str | None, metrics_
     if worker.fatal is not None:
         # Exit non-zero so that a supervisor restarts the process.
         click.echo(f"worker {worker.worker_id}: stopped by an unrecoverable error: {worker.fatal!r}", err=True)
-        sys.exit(3)
+        sys.exit(exits.WORKER_FATAL)
     state = "clean" if clean else "grace period ran out; the turns left were released"
     click.echo(f"worker {worker.worker_id}: stopped ({state})", err=True)
     sys.exit(0)
 
 
 def _flags(fn: Callable[..., Any]) -> Callable[..., Any]:
-    for flag in reversed((CONCURRENCY, THREADS, WORKERS, APP, GRACE, METRICS, BATCH)):
+    for flag in reversed((CONCURRENCY, THREADS, WORKERS, APP, GRACE, METRICS, METRICS_HOST, BATCH)):
         fn = flag(fn)
     return fn
 
@@ -139,10 +163,11 @@ def register(main: click.Group) -> None:
         app_spec: str | None,
         grace: float,
         metrics_port: int | None,
+        metrics_host: str,
         batch: int,
     ) -> None:
         """Run turns until SIGTERM/SIGINT: up to --concurrency at once in one process."""
-        run_worker(obj, options_of(concurrency, threads, workers, grace, batch), app_spec, metrics_port)
+        run_worker(obj, options_of(concurrency, threads, workers, grace, batch), app_spec, metrics_port, metrics_host)
 
 
 @click.command(cls=OneLineCommand)
@@ -154,11 +179,12 @@ def worker_main(
     app_spec: str | None,
     grace: float,
     metrics_port: int | None,
+    metrics_host: str,
     batch: int,
 ) -> None:
     """agent-dispatch-worker: run turns until SIGTERM/SIGINT, up to --concurrency at once."""
     try:
-        run_worker(App(), options_of(concurrency, threads, workers, grace, batch), app_spec, metrics_port)
+        run_worker(App(), options_of(concurrency, threads, workers, grace, batch), app_spec, metrics_port, metrics_host)
     except AgentDispatchError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)

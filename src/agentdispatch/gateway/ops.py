@@ -1,21 +1,25 @@
-"""Operator views: fleet topology, Prometheus metrics, the dashboard overview
-and a health probe."""
+"""Operator views: fleet topology, Prometheus metrics, the dashboard overview,
+liveness (``/healthz``) and readiness (``/readyz``)."""
 
 # No `from __future__ import annotations`: FastAPI must evaluate the route
 # signatures, which use aliases local to the router factory.
-import time
+import hmac
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..errors import AgentDispatchError
 from ..fleet import topology
+from ..metrics import GATEWAY_SERIES, Exposition, FleetCollector
 from ..workitem import HELD, Status
-from .auth import Caller
+from .auth import Caller, authenticate
 from .errors import RETRY_AFTER_S, error_body, is_outage
 from .services import Services
+
+#: Fleet views change by the second: no cache may answer for the gateway.
+NO_STORE = {"Cache-Control": "no-store"}
 
 #: How many held items are read to find a tenant's active sessions.
 SESSION_SCAN = 1000
@@ -32,21 +36,22 @@ def tenant_sessions(services: Services, tenant: str | None) -> set[str] | None:
     return sessions
 
 
-def refresh_metrics(services: Services, tenant: str | None) -> None:
-    """Set the gauges from the store and transport (scrape time is read time)."""
-    m, store = services.metrics, services.store
-    m.queue_depth.labels(backend=services.transport.name).set(services.transport.depth())
-    m.workers.set(len(store.workers()))
-    dead = store.counts(tenant).get(Status.DEAD_LETTER.value, 0)
-    m.dead_letters.set(dead)
-    oldest = 0.0
-    if dead:
-        # list_jobs is newest first, so the last row is the oldest dead letter.
-        rows = store.list_jobs(tenant=tenant, status=Status.DEAD_LETTER, limit=1, offset=dead - 1)
-        if rows:
-            stamp = rows[0].completed_at or rows[0].updated_at
-            oldest = max(0.0, time.time() - stamp)
-    m.dead_letter_oldest.set(oldest)
+def metrics_scope(services: Services, header: str | None) -> str | None:
+    """The tenant a ``/metrics`` scrape sees: every tenant (None) for the
+    operator's metrics token or with auth off, else the bearer token's tenant."""
+    secret = services.settings.metrics_token
+    if secret is not None and header is not None:
+        scheme, _, given = header.partition(" ")
+        expected = secret.get_secret_value().encode()
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), expected):
+            return None
+    return authenticate(services, header).tenant
+
+
+def scrape(services: Services, tenant: str | None) -> bytes:
+    """The gateway's exposition: fleet gauges read now, plus its own series."""
+    fleet = FleetCollector(lambda: (services.store, services.transport), tenant=tenant)
+    return Exposition(services.metrics.registry, fleet, only=GATEWAY_SERIES).render()
 
 
 def build_router(services: Services, caller_dep: Any) -> APIRouter:
@@ -69,18 +74,19 @@ def build_router(services: Services, caller_dep: Any) -> APIRouter:
                 raise
             body = error_body("unavailable", "the worker registry cannot be read; retry later", partial=True)
             body.update(dispatch_workers=[], totals=None, page={"limit": limit, "offset": offset, "returned": 0})
-            return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+            headers = {"Retry-After": str(RETRY_AFTER_S), **NO_STORE}
+            return JSONResponse(body, status_code=503, headers=headers)
         doc["backend"] = services.transport.name
         doc["partial"] = False
-        return doc
+        return JSONResponse(doc, headers=NO_STORE)
 
     @router.get("/metrics", tags=["ops"], summary="Prometheus metrics", response_class=Response)
-    def metrics(caller: CallerDep) -> Response:
-        """The dispatch series; gauges are read from the store at scrape time."""
-        with services.metrics_lock:
-            refresh_metrics(services, caller.tenant)
-            body = services.metrics.render()
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
+    def metrics(request: Request) -> Response:
+        """Fleet gauges read from the store at scrape time. A tenant's token
+        sees its own tenant; the operator's `AGENT_DISPATCH_METRICS_TOKEN`
+        sees every tenant. Turn counters are served by each worker."""
+        tenant = metrics_scope(services, request.headers.get("authorization"))
+        return Response(scrape(services, tenant), media_type=CONTENT_TYPE_LATEST, headers=NO_STORE)
 
     @router.get("/api/overview", tags=["ops"], summary="Dashboard summary")
     def overview(caller: CallerDep) -> dict[str, Any]:
@@ -101,20 +107,27 @@ def build_router(services: Services, caller_dep: Any) -> APIRouter:
             "auth": services.auth,
         }
 
-    @router.get("/healthz", tags=["ops"], summary="Liveness and store reachability")
+    @router.get("/healthz", tags=["ops"], summary="Liveness: the process answers")
     def healthz() -> Any:
-        """200 when the store and transport answer; 503 otherwise (no details)."""
-        try:
-            services.store.ping()
-            services.transport.ping()
-        except Exception as exc:
-            if not (is_outage(exc) or isinstance(exc, AgentDispatchError)):
-                raise
-            return JSONResponse(
-                error_body("unavailable", "store or transport unreachable"),
-                status_code=503,
-                headers={"Retry-After": str(RETRY_AFTER_S)},
-            )
-        return {"status": "ok"}
+        """200 while the process serves requests; it reads nothing (use
+        `/readyz` for the store and transport)."""
+        return JSONResponse({"status": "ok"}, headers=NO_STORE)
+
+    @router.get("/readyz", tags=["ops"], summary="Readiness: store and transport reachable")
+    def readyz() -> Any:
+        """200 when the store and the transport answer; 503 otherwise (no details)."""
+        checks = {"store": "ok", "transport": "ok"}
+        for name, ping in (("store", services.store.ping), ("transport", services.transport.ping)):
+            try:
+                ping()
+            except Exception as exc:
+                if not (is_outage(exc) or isinstance(exc, AgentDispatchError)):
+                    raise
+                checks[name] = "unreachable"
+        if any(v != "ok" for v in checks.values()):
+            body = error_body("unavailable", "store or transport unreachable")
+            body["checks"] = checks
+            return JSONResponse(body, status_code=503, headers={"Retry-After": str(RETRY_AFTER_S), **NO_STORE})
+        return JSONResponse({"status": "ok", "checks": checks}, headers=NO_STORE)
 
     return router

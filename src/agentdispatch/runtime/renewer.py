@@ -34,6 +34,8 @@ class BatchRenewer:
         self.worst_lateness_s = 0.0
         #: renew_many calls made.
         self.calls = 0
+        #: Called with each batch's lateness (the worker's histogram).
+        self.on_late: Callable[[float], None] | None = None
         self._thread = threading.Thread(target=self._run, name="renewer", daemon=True)
 
     def start(self) -> BatchRenewer:
@@ -79,7 +81,10 @@ class BatchRenewer:
         while (taken := self._take_due()) is not None:
             batch, due_at = taken
             self.renew(batch)
-            self.worst_lateness_s = max(self.worst_lateness_s, self.clock() - due_at)
+            late = self.clock() - due_at
+            self.worst_lateness_s = max(self.worst_lateness_s, late)
+            if self.on_late is not None:
+                self.on_late(late)
 
     def renew(self, guards: list[LeaseGuard]) -> None:
         """Renew ``guards`` now in one store call; revoke the refused ones.

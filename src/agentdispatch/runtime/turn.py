@@ -4,6 +4,7 @@ worker's thread pool), its timeout, and how it ended."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -72,7 +73,8 @@ async def call_handler(fn: Handler, r: Running, pool: Executor) -> Any:
     if is_async(fn):
         result = await fn(turn, r.guard)
     else:
-        result = await loop.run_in_executor(pool, fn, turn, r.guard)
+        # In the turn's context: its log fields and trace span reach the handler's thread.
+        result = await loop.run_in_executor(pool, contextvars.copy_context().run, fn, turn, r.guard)
         if inspect.isawaitable(result):  # a plain function that returned a coroutine
             result = await result
     return result

@@ -24,6 +24,7 @@ from ..fleet import host_label, new_worker_id
 from ..handlers import Registry
 from ..lease import LeaseGuard
 from ..metrics import Metrics
+from ..observe import TurnObserver
 from ..policy import ConcurrencyLimit
 from ..reconciler import Reconciler
 from ..settings import Settings
@@ -66,6 +67,10 @@ class AsyncWorker:
         self.clock = clock
         self.limit = ConcurrencyLimit(ceiling=self.options.concurrency)
         self.renewer = BatchRenewer(store, clock=clock)
+        # Observation (metrics by kind, traces, log context): see observe.py.
+        self.observe = TurnObserver(self.metrics)
+        self.renewer.on_late = self.metrics.renew_late.observe
+        self.metrics.renew_lateness.set_function(lambda: self.renewer.worst_lateness_s)
         self.traffic = Traffic(
             store,
             transport,
@@ -85,6 +90,9 @@ class AsyncWorker:
         self._claim_wake: asyncio.Event | None = None
         self._finish_wake: asyncio.Event | None = None
         self._started_at = time.time()
+        self._last_beat = float("-inf")
+        self._beat_queued = False
+        self._beat_task: asyncio.Future[None] | None = None
 
     # -- lifecycle ------------------------------------------------------------
     def preflight(self) -> None:
@@ -187,6 +195,8 @@ class AsyncWorker:
                 log.info("claiming resumed after %d failed attempt(s)", backoff.reset())
             for c in claimed:
                 self._start(c, handlers)
+            if claimed:
+                self._beat_soon()
             if dry and not self.stopping:
                 await self._off(self._claims, self.transport.wait, self.options.get_wait_s)
 
@@ -197,6 +207,7 @@ class AsyncWorker:
             self.store, lease, ttl_s=self.settings.claim_ttl_s, renew_interval_s=self.settings.renew_interval_s
         )
         guard.io = self._io
+        self.observe.claimed(c.envelope, item, guard)
         r = Running(c.delivery, c.envelope, item, guard)
         loop = asyncio.get_running_loop()
 
@@ -226,7 +237,8 @@ class AsyncWorker:
     async def _turn(self, r: Running, handlers: Executor) -> None:
         r.in_handler = True
         try:
-            outcome = await run_turn(self.registry, r, handlers, self._timeout_of(r))
+            with self.observe.handler(r.item, r.guard.lease.epoch) as run:
+                run.outcome = outcome = await run_turn(self.registry, r, handlers, self._timeout_of(r))
         finally:
             r.in_handler = False
             self.renewer.remove(r.guard)
@@ -243,6 +255,7 @@ class AsyncWorker:
             leases = [r.guard.lease] if why is TurnEnd.RELEASED else []
             await self._off(self._io, self.traffic.give_back, [r.delivery], leases)
             self._count(why)
+            self.observe.ended(r.item.id, why.value)
             if why is TurnEnd.FENCED:
                 self.metrics.lease_failures.inc()
         else:
@@ -262,7 +275,8 @@ class AsyncWorker:
                 continue
             batch, self._done = self._done[: self.options.commit_batch], self._done[self.options.commit_batch :]
             try:
-                ends = await self._off(self._commits, self.traffic.finish, batch)
+                with self.observe.commit([d.lease.job_id for d in batch]):
+                    ends = await self._off(self._commits, self.traffic.finish, batch)
             except Exception as exc:
                 self._done[:0] = batch  # committed again after the back-off (fenced, if a lease lapsed)
                 if not recoverable(exc):
@@ -273,8 +287,9 @@ class AsyncWorker:
                 await asyncio.sleep(backoff.failed())
                 continue
             backoff.reset()
-            for end in ends:
+            for d, end in zip(batch, ends, strict=True):
                 self._count(end)
+                self.observe.ended(d.lease.job_id, end.value)
                 if end is TurnEnd.FENCED:
                     self.metrics.lease_failures.inc()
 
@@ -306,7 +321,26 @@ class AsyncWorker:
         self.metrics.turns.labels(outcome=end.value).inc()
 
     # -- heartbeat ----------------------------------------------------------------
+    def _beat_soon(self) -> None:
+        """New sessions: a heartbeat now, or one second after the last one
+        (deferred, never dropped), so the fleet view shows them within 1 s."""
+        if self._beat_queued or self._loop is None:
+            return
+        self._beat_queued = True
+        delay = max(0.0, self._last_beat + 1.0 - self.clock())
+        self._loop.call_later(delay, self._fire_beat)
+
+    def _fire_beat(self) -> None:
+        self._beat_task = asyncio.ensure_future(self._queued_beat())  # held: the loop keeps tasks weakly
+
+    async def _queued_beat(self) -> None:
+        self._beat_queued = False
+        if not self.stopping:
+            with contextlib.suppress(Exception):  # the periodic beat reports failures
+                await self._off(self._io, self._beat)
+
     def _beat(self) -> None:
+        self._last_beat = self.clock()
         sessions = sorted({r.item.session_id for r in list(self.running)})[:HEARTBEAT_SESSIONS]
         try:
             self.store.heartbeat(
@@ -319,7 +353,6 @@ class AsyncWorker:
                     started_at=self._started_at,
                 )
             )
-            self.metrics.queue_depth.labels(backend=self.transport.name).set(self.transport.depth())
         except Exception as exc:
             if not recoverable(exc):
                 raise

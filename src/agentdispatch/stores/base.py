@@ -190,6 +190,17 @@ class Activity:
     finished: dict[int, dict[str, int]]
 
 
+@dataclass(frozen=True)
+class TenantCount:
+    """Items of one tenant in one status, and the oldest stamp among them
+    (``completed_at``, else ``updated_at``): one row of the fleet gauges."""
+
+    tenant: str
+    status: str
+    n: int
+    oldest: float
+
+
 @dataclass
 class SweepReport:
     """What one reconciler pass did."""
@@ -276,6 +287,9 @@ class Store(Protocol):
 
     def counts(self, tenant: str | None) -> dict[str, int]:
         """Number of items per status."""
+
+    def fleet_counts(self) -> list[TenantCount]:
+        """Open and dead-lettered items per tenant and status (every tenant)."""
 
     def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
         """The job's view and payload, its events (attempts, leases, outcomes)

@@ -17,6 +17,7 @@ from .. import workitem as wi
 from ..envelope import Envelope
 from ..errors import EffectUnknown, IdempotencyConflict, InvalidInput, JobNotFound, LeaseLost, QueueFull
 from ..policy import backoff_delay
+from ..tracing import current_traceparent
 from ..workitem import Lease, Outcome, Status, WorkItem
 from .base import Accepted, Claim, ClaimKind, Effect, EffectState, NewJob, SweepReport
 
@@ -106,6 +107,7 @@ def envelope_of(item: WorkItem, now: float) -> Envelope:
         deadline_unix=item.deadline_unix,
         attempt=item.attempt,
         enqueued_at=now,
+        traceparent=current_traceparent(),  # the submitter's span, when traced
     )
 
 

@@ -35,6 +35,7 @@ from .base import (
     OutboxRow,
     Schedule,
     SweepReport,
+    TenantCount,
     WorkerRow,
 )
 from .pg_db import Conn, PgDb, describe, scalar
@@ -303,6 +304,10 @@ class PostgresStore:
     def counts(self, tenant: str | None) -> dict[str, int]:
         rows = self.db.read(lambda c: c.execute(Q["counts"], {"tenant": tenant}).fetchall())
         return {r["status"]: int(r["n"]) for r in rows}
+
+    def fleet_counts(self) -> list[TenantCount]:
+        rows = self.db.read(lambda c: c.execute(Q["fleet_counts"]).fetchall())
+        return [TenantCount(r["tenant"], r["status"], int(r["n"]), float(r["oldest"])) for r in rows]
 
     def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
         def q(conn: Conn) -> dict[str, Any]:

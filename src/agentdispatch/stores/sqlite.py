@@ -29,6 +29,7 @@ from .base import (
     OutboxRow,
     Schedule,
     SweepReport,
+    TenantCount,
     WorkerRow,
     claim_each,
     commit_each,
@@ -389,6 +390,10 @@ class SqliteStore:
     def counts(self, tenant: str | None) -> dict[str, int]:
         rows = self.db.conn().execute(Q["counts"], {"tenant": tenant})
         return {r["status"]: int(r["n"]) for r in rows}
+
+    def fleet_counts(self) -> list[TenantCount]:
+        rows = self.db.conn().execute(Q["fleet_counts"])
+        return [TenantCount(r["tenant"], r["status"], int(r["n"]), float(r["oldest"])) for r in rows]
 
     def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
         item = self.get(job_id, tenant)

@@ -162,6 +162,13 @@ ORDER BY seq DESC LIMIT :limit OFFSET :offset
 SELECT status, count(*) AS n FROM work_items
 WHERE (:tenant IS NULL OR tenant = :tenant) GROUP BY status
 
+-- name: fleet_counts
+-- The fleet gauges: open and dead-lettered items per tenant, with the oldest
+-- stamp of each group (the dead-letter age). Terminal successes are not read.
+SELECT tenant, status, count(*) AS n, min(COALESCE(completed_at, updated_at)) AS oldest
+FROM work_items WHERE status IN ('submitted', 'ready', 'leased', 'running', 'dead_letter')
+GROUP BY tenant, status
+
 -- name: events_of
 SELECT at, event, status, attempt, epoch, detail FROM work_events WHERE job_id = ? ORDER BY id
 
