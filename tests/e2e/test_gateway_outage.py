@@ -15,6 +15,7 @@ import uvicorn
 
 from agentdispatch.gateway import Services, create_app
 from agentdispatch.gateway.auth import mint
+from agentdispatch.sqlite_db import SqliteDb
 from agentdispatch.stores.sqlite import SqliteStore
 from agentdispatch.transports.sqlite import SqliteTransport
 from backends import Harness, sqlite_harness
@@ -47,7 +48,7 @@ def _break(services: Services, tmp_path: Path) -> None:
     blocker.write_text("")
     broken_store = SqliteStore(blocker / "agent_dispatch_queue.db")
     services.store = services.dispatcher.store = broken_store
-    services.transport = services.dispatcher.transport = SqliteTransport(blocker / "agent_dispatch_queue.db")
+    services.transport = services.dispatcher.transport = SqliteTransport(SqliteDb(blocker / "agent_dispatch_queue.db"))
 
 
 def test_store_outage_is_503_with_retry_after_and_loses_nothing(
