@@ -70,6 +70,15 @@ def sqlite_harness(tmp_path: Path, **overrides: Any) -> Harness:
     return Harness("sqlite", settings, store, transport, env=env)
 
 
+def memory_harness(tmp_path: Path, **overrides: Any) -> Harness:
+    """Store and transport in process memory (agentdispatch.testing), on the wall clock."""
+    from agentdispatch.testing import MemoryBackend
+
+    env = {"AGENT_DISPATCH_DATA_DIR": str(tmp_path / "data")}
+    backend = MemoryBackend(settings=_settings(env, overrides))
+    return Harness("memory", backend.settings, backend.store, backend.transport, env=env)
+
+
 def postgres_harness(tmp_path: Path, **overrides: Any) -> Harness:
     """Store and transport on a fresh schema of the test PostgreSQL (dropped at close)."""
     from pg import create_schema
@@ -216,6 +225,7 @@ def bouncer_harness(tmp_path: Path, **overrides: Any) -> Harness:
 
 BUILDERS: dict[str, Callable[..., Harness]] = {
     "sqlite": sqlite_harness,
+    "memory": memory_harness,
     "postgres": postgres_harness,
     "pgbouncer": bouncer_harness,
     "kafka": kafka_harness,

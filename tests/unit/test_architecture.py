@@ -37,7 +37,7 @@ def test_only_settings_reads_the_environment() -> None:
 #: The database each backend module belongs to, by its file name. Every module
 #: under stores/ and transports/ (and a top-level ``*_db.py`` connection layer)
 #: is discovered, so a new backend file is covered without editing this test.
-DATABASES = {"sqlite": "sqlite", "pg": "postgres", "postgres": "postgres", "kafka": "kafka"}
+DATABASES = {"sqlite": "sqlite", "pg": "postgres", "postgres": "postgres", "kafka": "kafka", "memory": "memory"}
 #: Modules of the two seams that belong to no database.
 SEAM_MODULES = {"stores.base", "stores.engine", "stores.rows", "stores.schema", "transports.base"}
 #: Imports from one backend into another that are known and deliberate. The
@@ -76,7 +76,7 @@ def test_every_backend_module_is_discovered() -> None:
     # The modules the first version of this test listed by hand, and the
     # connection layers that list missed.
     assert {"stores.sqlite", "stores.postgres", "transports.kafka", "stores.pg_db", "sqlite_db"} <= set(found)
-    assert set(found.values()) == {"sqlite", "postgres", "kafka"}
+    assert set(found.values()) == {"sqlite", "postgres", "kafka", "memory"}
 
 
 def test_no_backend_imports_another() -> None:

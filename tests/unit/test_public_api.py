@@ -89,7 +89,7 @@ def test_the_testing_module_is_public_and_pinned() -> None:
     # Users test their handlers with it: its surface is an API like the package's.
     import agentdispatch.testing as testing
 
-    assert testing.__all__ == ["FakeClock"]
+    assert testing.__all__ == ["FakeClock", "MemoryBackend", "memory_dispatcher"]
     for name in testing.__all__:
         obj = getattr(testing, name)
         assert inspect.getdoc(obj), f"testing.{name} has no docstring"

@@ -1,0 +1,296 @@
+"""The in-memory store: the engine's transitions over dicts (see
+:mod:`agentdispatch.memory_db`), for tests that need no database."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+from .. import workitem as wi
+from ..envelope import Envelope
+from ..errors import JobNotFound, LeaseLost
+from ..memory_db import Clock, MemoryDb
+from ..workitem import Lease, Outcome, Status, WorkItem
+from . import engine
+from .base import (
+    Accepted,
+    Claim,
+    Effect,
+    EffectState,
+    JobFilter,
+    NewJob,
+    OutboxRow,
+    Schedule,
+    SweepReport,
+    WorkerRow,
+    claim_each,
+    commit_each,
+)
+from .memory_tx import MemoryTx
+
+
+def _matches(item: WorkItem, f: JobFilter) -> bool:
+    return (
+        (f.kind is None or item.kind == f.kind)
+        and (f.session_id is None or item.session_id == f.session_id)
+        and (f.agent_name is None or item.agent_name == f.agent_name)
+        and (f.created_from is None or item.created_at >= f.created_from)
+        and (f.created_to is None or item.created_at < f.created_to)
+        and (f.id_contains is None or f.id_contains in item.id)
+    )
+
+
+class MemoryStore:
+    """The WorkItem authority in process memory (lost when the process ends)."""
+
+    name = "memory"
+
+    def __init__(self, db: MemoryDb | None = None, *, clock: Clock | None = None, extra_attempts: int = 5) -> None:
+        self.db = db if db is not None else MemoryDb(clock) if clock is not None else MemoryDb()
+        self.extra_attempts = extra_attempts
+
+    @contextmanager
+    def transaction(self, durable: bool = False) -> Iterator[MemoryTx]:
+        """One write transaction as an :class:`engine.Tx` (as the SQL stores
+        offer it to extensions and tests)."""
+        with self.db.tx() as t:
+            yield MemoryTx(t, self.db.now())
+
+    def migrate(self) -> None:
+        """Nothing to create: the tables exist with the object."""
+
+    def ping(self) -> None:
+        """Always answers."""
+
+    def schema_version(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        """Nothing to release (the data stays readable)."""
+
+    def _run(self, fn: Any, *args: Any, **kw: Any) -> Any:
+        with self.db.tx() as t:
+            return fn(MemoryTx(t, self.db.now()), *args, **kw)
+
+    # -- lifecycle ----------------------------------------------------------
+    def submit(self, jobs: Sequence[NewJob], *, max_depth: int) -> list[Accepted]:
+        out: list[Accepted] = self._run(engine.submit, jobs, max_depth)
+        return out
+
+    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
+        out: Claim = self._run(engine.claim, job_id, tenant, owner, ttl_s)
+        return out
+
+    def claim_many(self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float) -> list[Claim]:
+        return claim_each(self, jobs, owner=owner, ttl_s=ttl_s)
+
+    def renew(self, lease: Lease, ttl_s: float) -> Lease:
+        out: Lease = self._run(engine.renew, lease, ttl_s)
+        return out
+
+    def renew_many(self, leases: Sequence[Lease], ttl_s: float) -> list[Lease | LeaseLost]:
+        out: list[Lease | LeaseLost] = self._run(engine.renew_many, leases, ttl_s)
+        return out
+
+    def commit(self, lease: Lease, outcome: Outcome) -> WorkItem:
+        out: WorkItem = self._run(engine.commit, lease, outcome)
+        return out
+
+    def commit_many(self, done: Sequence[tuple[Lease, Outcome]]) -> list[WorkItem | LeaseLost]:
+        return commit_each(self, done)
+
+    def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> WorkItem:
+        out: WorkItem = self._run(engine.cancel, job_id, tenant, reason)
+        return out
+
+    def replay(self, job_id: str, tenant: str | None) -> WorkItem:
+        out: WorkItem = self._run(engine.replay, job_id, tenant, self.extra_attempts)
+        return out
+
+    # -- reads --------------------------------------------------------------
+    def get(self, job_id: str, tenant: str | None) -> WorkItem:
+        with self.db.read() as t:
+            item = t.items.get(job_id)
+        if item is None or (tenant is not None and item.tenant != tenant):
+            raise JobNotFound(job_id)
+        return item
+
+    def list_jobs(
+        self,
+        *,
+        tenant: str | None,
+        status: Status | None,
+        limit: int,
+        offset: int,
+        filters: JobFilter | None = None,
+    ) -> list[WorkItem]:
+        with self.db.read() as t:
+            items = list(t.items.values())
+        picked = [
+            i
+            for i in reversed(items)
+            if (tenant is None or i.tenant == tenant)
+            and (status is None or i.status is status)
+            and (filters is None or _matches(i, filters))
+        ]
+        return picked[offset : offset + limit]
+
+    def counts(self, tenant: str | None) -> dict[str, int]:
+        out: dict[str, int] = {}
+        with self.db.read() as t:
+            for i in t.items.values():
+                if tenant is None or i.tenant == tenant:
+                    out[i.status.value] = out.get(i.status.value, 0) + 1
+        return out
+
+    def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
+        item = self.get(job_id, tenant)
+        with self.db.read() as t:
+            events = [{k: v for k, v in e.items() if k != "job_id"} for e in t.events if e["job_id"] == job_id]
+            effects = [
+                {"key": e.key, "state": e.state, "epoch": e.epoch, "result": e.result}
+                for e in MemoryTx(t, 0.0).effects_of(job_id)
+            ]
+        return {"job": item.view(), "events": events, "side_effects": effects}
+
+    # -- side effects, poison ----------------------------------------------
+    def effect_begin(self, lease: Lease, key: str, ttl_s: float, *, retry_unknown: bool = False) -> Effect | None:
+        out: Effect | None = self._run(engine.effect_begin, lease, key, ttl_s, retry_unknown=retry_unknown)
+        return out
+
+    def effect_end(self, lease: Lease, key: str, *, state: EffectState, result: Any) -> bool:
+        return bool(self._run(engine.effect_end, lease, key, state, result))
+
+    def checkpoint(self, lease: Lease, state: str) -> None:
+        with self.db.tx() as t:
+            item = t.items.get(lease.job_id)
+            if (
+                item is None
+                or item.tenant != lease.tenant
+                or not wi.lease_is_live(item, self.db.now())
+                or (item.lease_owner, item.lease_epoch, item.lease_token) != (lease.owner, lease.epoch, lease.token)
+            ):
+                raise LeaseLost(
+                    f"job {lease.job_id}: lease epoch {lease.epoch} is no longer live; checkpoint not saved"
+                )
+            t.items[item.id] = wi.evolve(item, checkpoint=json.loads(state))  # JSON text, as a column holds it
+
+    def record_poison(self, raw: str, reason: str) -> bool:
+        digest = hashlib.sha256(raw.encode()).hexdigest()
+        with self.db.tx() as t:
+            if digest in t.poison:
+                return False
+            t.poison[digest] = {"digest": digest, "raw": raw[:65536], "reason": reason, "created_at": self.db.now()}
+            return True
+
+    def poison(self, *, limit: int) -> list[dict[str, Any]]:
+        with self.db.read() as t:
+            rows = list(t.poison.values())
+        return sorted(rows, key=lambda r: r["created_at"], reverse=True)[:limit]
+
+    # -- reconciler, fleet, tokens, schedules, outbox -----------------------
+    def sweep(self, *, redeliver_after_s: float) -> SweepReport:
+        out: SweepReport = self._run(engine.sweep, redeliver_after_s)
+        return out
+
+    def heartbeat(self, row: WorkerRow) -> None:
+        with self.db.tx() as t:
+            old = t.workers.get(row.worker_id)
+            base = row if old is None else old
+            t.workers[row.worker_id] = WorkerRow(
+                base.worker_id,
+                base.host,
+                row.capacity,
+                tuple(row.active_sessions),
+                base.queue_backend,
+                base.started_at,
+                self.db.now(),
+            )
+
+    def workers(self, *, max_age_s: float = 90.0) -> list[WorkerRow]:
+        since = self.db.now() - max_age_s
+        with self.db.read() as t:
+            rows = [w for w in t.workers.values() if w.last_heartbeat >= since]
+        return sorted(rows, key=lambda w: (w.started_at, w.worker_id))
+
+    def remove_worker(self, worker_id: str) -> None:
+        with self.db.tx() as t:
+            t.workers.pop(worker_id, None)
+
+    def token_create(self, token_id: str, token_hash: str, tenant: str, label: str) -> None:
+        with self.db.tx() as t:
+            if token_id in t.tokens or any(h == token_hash for h, *_ in t.tokens.values()):
+                raise ValueError(f"token {token_id} exists")
+            t.tokens[token_id] = (token_hash, tenant, label, False)
+
+    def token_revoke(self, token_id: str) -> bool:
+        with self.db.tx() as t:
+            row = t.tokens.get(token_id)
+            if row is None or row[3]:
+                return False
+            t.tokens[token_id] = (row[0], row[1], row[2], True)
+            return True
+
+    def token_lookup(self, token_hash: str) -> str | None:
+        with self.db.read() as t:
+            return next(
+                (tenant for h, tenant, _, revoked in t.tokens.values() if h == token_hash and not revoked), None
+            )
+
+    def schedule_add(self, schedule: Schedule) -> bool:
+        with self.db.tx() as t:
+            key = (schedule.tenant, schedule.name)
+            if key in t.schedules:
+                return False
+            t.schedules[key] = _evolve_schedule(schedule, created_at=self.db.now())
+            return True
+
+    def schedules(self, tenant: str | None) -> list[Schedule]:
+        with self.db.read() as t:
+            rows = [s for s in t.schedules.values() if tenant is None or s.tenant == tenant]
+        return sorted(rows, key=lambda s: (s.tenant, s.name))
+
+    def schedule_update(self, tenant: str, name: str, *, paused: bool, next_at: float) -> bool:
+        with self.db.tx() as t:
+            old = t.schedules.get((tenant, name))
+            if old is None:
+                return False
+            t.schedules[(tenant, name)] = _evolve_schedule(old, paused=paused, next_at=next_at)
+            return True
+
+    def schedule_delete(self, tenant: str, name: str) -> bool:
+        with self.db.tx() as t:
+            return t.schedules.pop((tenant, name), None) is not None
+
+    def schedules_due(self, limit: int) -> tuple[float, list[Schedule]]:
+        now = self.db.now()
+        with self.db.read() as t:
+            due = [s for s in t.schedules.values() if not s.paused and s.next_at <= now]
+        return now, sorted(due, key=lambda s: s.next_at)[:limit]
+
+    def schedule_advance(self, schedule: Schedule, *, next_at: float, last_tick: float, last_job_id: str) -> bool:
+        with self.db.tx() as t:
+            key = (schedule.tenant, schedule.name)
+            old = t.schedules.get(key)
+            if old is None or old.paused or old.next_at != schedule.next_at:
+                return False
+            t.schedules[key] = _evolve_schedule(old, next_at=next_at, last_tick=last_tick, last_job_id=last_job_id)
+            return True
+
+    def outbox_take(self, limit: int) -> list[OutboxRow]:
+        with self.db.read() as t:
+            rows = sorted(t.queue.values(), key=lambda r: r.id)[:limit]
+        return [OutboxRow(r.id, Envelope.from_json(r.envelope), r.item_seq) for r in rows]
+
+    def outbox_done(self, row_ids: Sequence[int]) -> None:
+        with self.db.tx() as t:
+            for row_id in row_ids:
+                t.queue.pop(row_id, None)
+
+
+def _evolve_schedule(s: Schedule, **changes: Any) -> Schedule:
+    return replace(s, **changes)
