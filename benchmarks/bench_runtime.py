@@ -109,11 +109,15 @@ def main() -> None:
     p.add_argument("--sleep", type=float, default=2.0)
     p.add_argument("--concurrency", type=int, default=1000)
     p.add_argument("--threads", type=int, default=256)
+    p.add_argument("--modes", default="async,threads", help="which workers to run: async, threads or both")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
     for backend in backends:
+        modes = [m.strip() for m in args.modes.split(",")]
         for mode, n in (("async", args.concurrency), ("threads", args.threads)):
+            if mode not in modes:
+                continue
             r = drain(backend, mode, args.turns, args.sleep, n)
             figures = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items())
             print(f"{backend:8} {mode:7} in-flight={n:<5} {figures}", flush=True)

@@ -118,7 +118,8 @@ def test_session_turns_never_overlap_and_sync_handlers_still_run(make_harness):
 
 
 def test_cancel_mid_await_cancels_the_task_and_fences_the_late_commit(make_harness):
-    harness = make_harness(**FAST)
+    # Renewals far apart: only the worker's cancellation poll can stop the turn in time.
+    harness = make_harness(claim_ttl_s=120.0, renew_interval_s=60.0)
     started = threading.Event()
     cancelled = threading.Event()
     effects: list[str] = []
@@ -142,6 +143,7 @@ def test_cancel_mid_await_cancels_the_task_and_fences_the_late_commit(make_harne
         harness.dispatcher().cancel(job.job_id, "t")
         # Within a renew interval or so (a poll, not a timing assert).
         assert cancelled.wait(30), "the running task was not cancelled"
+        assert worker.renewer.calls == 0, "a renewal, not the cancellation poll, stopped the turn"
         wait_until(lambda: worker.ended[TurnEnd.FENCED] == 1)
     assert effects == []
     assert harness.store.history(job.job_id, "t")["side_effects"] == []
