@@ -13,7 +13,7 @@ from .dispatch import Dispatcher, Submission
 
 SUBMIT_ARGS = (
     "kind", "payload", "task", "session_id", "priority", "deadline_unix", "dependencies", "job_id",
-    "not_before", "delay_s",
+    "not_before", "delay_s", "timeout_s",
 )  # fmt: skip
 
 
@@ -56,10 +56,12 @@ def build_server(dispatcher: Dispatcher, *, tenant: str) -> MCPServer[Any]:
         reason: str | None = None,
         not_before: float | None = None,
         delay_s: float | None = None,
+        timeout_s: float | None = None,
     ) -> dict[str, Any]:
         """Dispatch a turn (returns its job handle), or read / cancel a job by job_id.
         A turn starts no earlier than ``not_before`` (unix time) or ``delay_s``
-        seconds from now."""
+        seconds from now; an attempt running past ``timeout_s`` seconds is
+        cancelled and retried."""
         if action == "dispatch":
             given = dict(locals())
             data = {k: given[k] for k in SUBMIT_ARGS if given[k] is not None}

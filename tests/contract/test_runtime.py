@@ -8,6 +8,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
+
 from agentdispatch import LeaseLost, Registry, Status, Submission
 from agentdispatch.errors import Overloaded
 from agentdispatch.runtime import AsyncWorker, RuntimeOptions
@@ -156,12 +158,14 @@ def test_cancel_mid_await_cancels_the_task_and_fences_the_late_commit(make_harne
         raise AssertionError("the late commit was not fenced")
 
 
-def test_a_turn_past_its_kind_timeout_is_cancelled_and_retried_with_reason_timeout(make_harness):
+@pytest.mark.parametrize("where", ["kind", "submission"])
+def test_a_turn_past_its_timeout_is_cancelled_and_retried_with_reason_timeout(make_harness, where):
     harness = make_harness(**FAST)
     cancelled = threading.Event()
     reg = Registry()
 
-    @reg.register("hangs", timeout_s=0.3)
+    # The kind's timeout is an hour where the submission's own must win.
+    @reg.register("hangs", timeout_s=0.3 if where == "kind" else 3600.0)
     async def hangs(turn, guard):
         try:
             await asyncio.sleep(3600)
@@ -169,7 +173,9 @@ def test_a_turn_past_its_kind_timeout_is_cancelled_and_retried_with_reason_timeo
             cancelled.set()
             raise
 
-    job = harness.dispatcher().submit(Submission(kind="hangs", tenant="t"))
+    sub = Submission(kind="hangs", tenant="t", timeout_s=0.3 if where == "submission" else None)
+    job = harness.dispatcher().submit(sub)
+    assert harness.store.get(job.job_id, "t").timeout_s == (0.3 if where == "submission" else None)
     with running(harness, reg, concurrency=2):
         assert cancelled.wait(30)
         wait_until(

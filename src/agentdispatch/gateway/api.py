@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from ..dispatch import MAX_DELAY_S, Submission
+from ..dispatch import MAX_DELAY_S, MAX_TIMEOUT_S, Submission
 from ..stores.base import JobFilter
 from ..waiting import MAX_WAIT_S, await_view
 from ..workitem import Status
@@ -41,6 +41,9 @@ class JobSpec(BaseModel):
     not_before: float | None = Field(default=None, gt=0, description="Start no earlier than this unix time.")
     delay_s: float | None = Field(
         default=None, ge=0, le=MAX_DELAY_S, description="Start this many seconds after acceptance."
+    )
+    timeout_s: float | None = Field(
+        default=None, gt=0, le=MAX_TIMEOUT_S, description="Cancel and retry an attempt running longer than this."
     )
 
 

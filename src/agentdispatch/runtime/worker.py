@@ -234,7 +234,8 @@ class AsyncWorker:
 
     # -- run --------------------------------------------------------------------
     def _timeout_of(self, r: Running) -> float | None:
-        return self.registry.timeout_of(r.item.kind)
+        # The submission's own timeout is the more specific: it wins.
+        return r.item.timeout_s if r.item.timeout_s is not None else self.registry.timeout_of(r.item.kind)
 
     async def _turn(self, r: Running, handlers: Executor) -> None:
         r.in_handler = True

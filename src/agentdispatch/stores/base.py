@@ -37,6 +37,8 @@ class NewJob:
     #: seconds after acceptance (by the store's clock); both default to now.
     not_before: float | None = None
     delay_s: float = 0.0
+    #: Execution timeout per attempt (seconds), or None (the kind's, if any).
+    timeout_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -455,6 +455,19 @@ def ledger_many(
     return out
 
 
+def with_timeouts(jobs: Sequence[NewJob], accepted: list[Accepted]) -> tuple[list[Accepted], list[tuple[str, float]]]:
+    """The accepted items with the execution timeouts of the new ones among
+    them, and those (id, seconds) pairs for the store to write."""
+    pairs: list[tuple[str, float]] = []
+    out: list[Accepted] = []
+    for job, a in zip(jobs, accepted, strict=True):
+        if a.created and job.timeout_s is not None:
+            pairs.append((a.item.id, job.timeout_s))
+            a = Accepted(wi.evolve(a.item, timeout_s=job.timeout_s), created=True)
+        out.append(a)
+    return out, pairs
+
+
 def sweep(tx: Tx, redeliver_after_s: float, limit: int = 500) -> SweepReport:
     """One reconciler pass (see :meth:`Store.sweep`)."""
     now = tx.now()

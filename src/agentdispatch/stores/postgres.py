@@ -161,7 +161,10 @@ class PostgresStore:
     def submit(self, jobs: Sequence[NewJob], *, max_depth: int) -> list[Accepted]:
         # The one-statement path plans times on this host's clock and shifts them
         # onto the database's, which would move an absolute not_before too.
-        if len(jobs) <= SMALL_SUBMISSION and not any(j.dependencies or j.not_before is not None for j in jobs):
+        # A timeout is one more statement: the general path.
+        if len(jobs) <= SMALL_SUBMISSION and not any(
+            j.dependencies or j.not_before is not None or j.timeout_s is not None for j in jobs
+        ):
             accepted = self._submit_new(jobs, max_depth)
             if accepted is not None:
                 return accepted
@@ -171,7 +174,14 @@ class PostgresStore:
             tx.read_submit([j.job_id for j in jobs], len(jobs), max_depth)
             bulk = len(jobs) >= 2 * BULK_CHUNK
             with tx.streaming(BULK_CHUNK) if bulk else nullcontext():
-                return engine.submit(tx, jobs, max_depth)
+                accepted = engine.submit(tx, jobs, max_depth)
+            if not any(j.timeout_s is not None for j in jobs):
+                return accepted
+            accepted, pairs = engine.with_timeouts(jobs, accepted)
+            if pairs:
+                tx.flush()
+                tx.c.execute(Q["set_timeouts"], {"ids": [p[0] for p in pairs], "seconds": [p[1] for p in pairs]})
+            return accepted
 
         return self._run(op, durable=True)
 

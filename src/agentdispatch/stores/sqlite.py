@@ -319,6 +319,11 @@ class SqliteStore:
             tx.buffer()
             accepted = engine.submit(tx, jobs, max_depth)
             tx.flush()
+            if not any(j.timeout_s is not None for j in jobs):
+                return accepted
+            accepted, pairs = engine.with_timeouts(jobs, accepted)
+            if pairs:
+                tx.c.execute(Q["set_timeouts"], (json.dumps(pairs),))
             return accepted
 
     def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:

@@ -375,3 +375,9 @@ UPDATE work_items w SET lease_expires_at = clock.now + %(ttl)s, updated_at = clo
 FROM live CROSS JOIN clock
 WHERE w.id = live.id
 RETURNING w.id, w.lease_token, w.lease_expires_at
+
+-- name: set_timeouts
+-- The execution timeouts of newly accepted items.
+UPDATE work_items w SET timeout_s = t.seconds
+FROM unnest(%(ids)s::text[], %(seconds)s::float8[]) AS t (id, seconds)
+WHERE w.id = t.id

@@ -255,3 +255,8 @@ FROM (
 WHERE w.id = l.id AND w.tenant = l.tenant AND w.lease_owner = l.owner AND w.lease_epoch = l.epoch
   AND w.lease_token = l.token AND w.status IN ('leased', 'running') AND w.lease_expires_at > :now
 RETURNING id, lease_token, lease_expires_at
+
+-- name: set_timeouts
+-- The execution timeouts of newly accepted items ([id, seconds] each).
+UPDATE work_items SET timeout_s = json_extract(j.value, '$[1]')
+FROM json_each(?) AS j WHERE work_items.id = json_extract(j.value, '$[0]')
