@@ -28,7 +28,7 @@ _TIMEOUT = httpx.Timeout(600.0, connect=30.0)
 # One TLS context for every client: a client per thread's loop must not cost
 # each thread its own copy of the CA bundle (about 1 MB).
 _SSL = httpx.create_ssl_context()
-_async_clients: dict[int, httpx.AsyncClient] = {}
+_async_clients: dict[tuple[int, int], httpx.AsyncClient] = {}
 _local = threading.local()
 
 
@@ -36,12 +36,20 @@ def _model_url() -> str:
     return os.environ["BENCH_MODEL_URL"]
 
 
-def _aclient() -> httpx.AsyncClient:
-    """One client per event loop (the thread worker runs a loop per thread)."""
+#: Clients per event loop. httpcore's pool scans every connection it holds
+#: for each request, so one pool of thousands of connections costs CPU per
+#: call in proportion to the turns in flight: small pools keep it flat.
+_SHARDS = 64
+
+
+def _aclient(key: str = "") -> httpx.AsyncClient:
+    """One of ``_SHARDS`` clients of this event loop, by ``key`` (the thread
+    worker runs a loop per thread)."""
     loop = asyncio.get_running_loop()
-    client = _async_clients.get(id(loop))
+    shard = (id(loop), hash(key) % _SHARDS)
+    client = _async_clients.get(shard)
     if client is None:
-        client = _async_clients[id(loop)] = httpx.AsyncClient(
+        client = _async_clients[shard] = httpx.AsyncClient(
             base_url=_model_url(), limits=_LIMITS, timeout=_TIMEOUT, verify=_SSL
         )
     return client
@@ -97,7 +105,7 @@ async def agent_turn(turn: Turn, guard: Any) -> dict[str, Any]:
         "messages": [{"role": "user", "content": f"turn {p['i']}"}],
     }
     tokens: list[str] = []
-    async with _aclient().stream("POST", "/v1/chat", json=body) as r:
+    async with _aclient(turn.job_id).stream("POST", "/v1/chat", json=body) as r:
         if r.status_code == 429:
             raise _overloaded(float(r.headers.get("retry-after", "1")))
         r.raise_for_status()
@@ -116,7 +124,7 @@ async def agent_turn(turn: Turn, guard: Any) -> dict[str, Any]:
         return _client().post("/v1/reply", json=reply).json()["id"]
 
     async def asend() -> Any:
-        return (await _aclient().post("/v1/reply", json=reply)).json()["id"]
+        return (await _aclient(turn.job_id).post("/v1/reply", json=reply)).json()["id"]
 
     await _effect(guard, f"transcript:{turn.job_id}", record, arecord)
     sent = await _effect(guard, f"reply:{turn.job_id}", send, asend)

@@ -9,6 +9,7 @@ async runtime. No assertion on time: the figures are the output.
 
     python benchmarks/bench_runtime.py --turns 1000 --sleep 2 --concurrency 1000 --threads 256
     python benchmarks/bench_runtime.py --backend postgres
+    python benchmarks/bench_runtime.py --cancels 100 --concurrency 2000   # cancel p50/p99
 """
 
 from __future__ import annotations
@@ -102,6 +103,52 @@ def drain(backend: str, mode: str, turns: int, sleep_s: float, inflight: int) ->
     return {"wall_s": wall, "ideal_s": ideal, "ratio": ideal / wall, "succeeded": done, **extra}
 
 
+def cancel_latency(backend: str, inflight: int, cancels: int) -> dict[str, float]:
+    """``inflight`` turns awaiting forever (renewals at the default interval);
+    ``cancels`` of them cancelled one by one through the Dispatcher: the time
+    from each cancel's return to its task's cancellation."""
+    stopped: dict[str, float] = {}
+    reg = Registry()
+
+    @reg.register("agent")
+    async def agent(turn: Any, guard: Any) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            stopped[turn.job_id] = time.monotonic()
+            raise
+
+    with environment(backend) as env:
+        env = {k: v for k, v in env.items() if "CLAIM_TTL" not in k and "RENEW" not in k}
+        settings = load_settings(**env)
+        store, transport = open_backends(settings)
+        store.migrate()
+        d = Dispatcher(store, transport, settings)
+        jobs = [h.job_id for h in d.submit_many([Submission(kind="agent", tenant="t") for _ in range(inflight)])]
+        worker = AsyncWorker(settings, store, transport, reg, options=RuntimeOptions(concurrency=inflight, grace_s=1))
+        thread = threading.Thread(target=worker.run_forever, daemon=True)
+        thread.start()
+        while len(worker.running) < inflight:
+            time.sleep(0.05)
+        asked: dict[str, float] = {}
+        for job in jobs[:cancels]:
+            d.cancel(job, "t")
+            asked[job] = time.monotonic()
+            time.sleep(0.05)
+        while len(stopped) < cancels:
+            time.sleep(0.05)
+        worker.request_stop()
+        thread.join()
+        transport.close()
+        store.close()
+    lat = sorted(stopped[j] - asked[j] for j in asked)
+    return {
+        "renew_interval_s": settings.renew_interval_s,
+        "cancel_p50_s": lat[len(lat) // 2],
+        "cancel_p99_s": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", choices=["sqlite", "postgres", "both"], default="both")
@@ -109,11 +156,20 @@ def main() -> None:
     p.add_argument("--sleep", type=float, default=2.0)
     p.add_argument("--concurrency", type=int, default=1000)
     p.add_argument("--threads", type=int, default=256)
+    p.add_argument("--modes", default="async,threads", help="which workers to run: async, threads or both")
+    p.add_argument("--cancels", type=int, default=0, help="instead: cancel this many of --concurrency running turns")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
     for backend in backends:
+        if args.cancels:
+            r = cancel_latency(backend, args.concurrency, args.cancels)
+            print(f"{backend:8} cancel in-flight={args.concurrency} " + " ".join(f"{k}={v:.3f}" for k, v in r.items()))
+            continue
+        modes = [m.strip() for m in args.modes.split(",")]
         for mode, n in (("async", args.concurrency), ("threads", args.threads)):
+            if mode not in modes:
+                continue
             r = drain(backend, mode, args.turns, args.sleep, n)
             figures = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items())
             print(f"{backend:8} {mode:7} in-flight={n:<5} {figures}", flush=True)

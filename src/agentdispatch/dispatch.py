@@ -29,6 +29,7 @@ SUBMIT_FIELDS = frozenset(
     {
         "kind", "payload", "tenant", "session_id", "priority", "deadline_unix",
         "dependencies", "job_id", "idempotency_key", "agent_name", "not_before", "delay_s",
+        "timeout_s",
     }
 )  # fmt: skip
 
@@ -51,6 +52,9 @@ class Submission:
     not_before: float | None = None
     #: ...or this many seconds after acceptance (not both).
     delay_s: float | None = None
+    #: Cancel an attempt running longer than this many seconds; it fails
+    #: retryably with reason ``timeout`` (overrides the kind's ``timeout_s``).
+    timeout_s: float | None = None
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, tenant: str | None = None) -> Submission:
@@ -130,6 +134,7 @@ def validate(sub: Submission, *, max_attempts: int, known_kinds: frozenset[str] 
     session = _ident("session_id", sub.session_id) if sub.session_id else job_id
     if not isinstance(sub.agent_name, str) or len(sub.agent_name) > 200:
         raise InvalidInput("agent_name must be a string of at most 200 characters")
+    timeout_s = _timeout(sub.timeout_s)
     return NewJob(
         job_id=job_id,
         tenant=tenant,
@@ -143,7 +148,25 @@ def validate(sub: Submission, *, max_attempts: int, known_kinds: frozenset[str] 
         deadline_unix=deadline,
         not_before=not_before,
         delay_s=delay_s,
+        timeout_s=timeout_s,
     )
+
+
+#: The longest execution timeout a submission may ask for (a week).
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+def _timeout(value: Any) -> float | None:
+    if value is None:
+        return None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not 0 < value <= MAX_TIMEOUT_S
+    ):
+        raise InvalidInput(f"timeout_s must be a number of seconds above 0 and at most {MAX_TIMEOUT_S:g}")
+    return float(value)
 
 
 def _check_filters(f: JobFilter) -> None:

@@ -21,7 +21,7 @@ from .policy import renew_every
 from .workitem import Lease
 
 if TYPE_CHECKING:
-    from .stores.base import Effect, EffectState, Store
+    from .stores.base import Effect, EffectState, LedgerOp, Store
 
 T = TypeVar("T")
 #: The largest checkpoint :meth:`LeaseGuard.checkpoint` saves, as UTF-8 JSON
@@ -86,6 +86,10 @@ class LeaseGuard:
         #: Where :meth:`side_effect_async` runs its store calls (None: the
         #: loop's default executor).
         self.io: Executor | None = None
+        #: Where :meth:`side_effect_async` queues its ledger writes instead,
+        #: to be written with other turns' in one transaction (the async
+        #: runtime's :class:`~agentdispatch.runtime.ledger.Ledger`).
+        self.ledger: Callable[[LedgerOp], asyncio.Future[Any]] | None = None
 
     @property
     def fence(self) -> Fence:
@@ -270,7 +274,7 @@ class LeaseGuard:
         verify: Callable[[], Awaitable[T | NotHappened]] | None,
         idempotent: bool,
     ) -> T:
-        done = await self._io(self._begin, key, retry_unknown=idempotent)
+        done = await self._abegin(key, retry_unknown=idempotent)
         if done is not None and done.state == "unknown":
             if verify is None:
                 raise EffectUnknown(
@@ -278,25 +282,75 @@ class LeaseGuard:
                     "confirmed; inspect it, then replay the job from the dead-letter queue"
                 )
             found = await verify()
-            done = await self._io(self._begin, key, retry_unknown=True)
+            done = await self._abegin(key, retry_unknown=True)
             if done is None and not isinstance(found, NotHappened):
-                await self._io(self._settle, key, "committed", found)
+                await self._asettle(key, "committed", found)
                 return found
         if done is not None:
             return done.result  # type: ignore[no-any-return]
         if self._lost is not None:  # revoked while the mark was written: fn must not start
-            await self._io(self._settle_quietly, key, "failed")
+            await self._asettle_quietly(key, "failed")
             raise LeaseLost(self._lost)
         try:
             result = await (fn(fence=self.fence) if _wants_fence(fn) else fn())
         except asyncio.CancelledError:
-            await self._io(self._settle_quietly, key, "unknown")  # interrupted: the outcome was not seen
+            await self._asettle_quietly(key, "unknown")  # interrupted: the outcome was not seen
             raise
         except Exception:
-            await self._io(self._settle_quietly, key, "failed" if verify is None else "unknown")
+            await self._asettle_quietly(key, "failed" if verify is None else "unknown")
             raise
-        await self._io(self._settle, key, "committed", result)
+        await self._asettle(key, "committed", result)
         return result
+
+    def _op(
+        self, key: str, state: EffectState | None = None, result: Any = None, retry_unknown: bool = False
+    ) -> LedgerOp:
+        from .stores.base import LedgerOp
+
+        return LedgerOp(self.lease, key, state, jsonable(result), self.ttl_s, retry_unknown)
+
+    async def _queued(self, op: LedgerOp) -> Any:
+        """The answer of ``op`` from the ledger queue; an answer that is an
+        error is raised (a lost lease revokes the guard first). If the turn is
+        cancelled meanwhile, the write still finishes (a begin that wrote its
+        mark is settled ``failed``: ``fn`` never ran) before the cancel goes on."""
+        assert self.ledger is not None
+        fut = self.ledger(op)
+        try:
+            got = await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if op.state is None:
+                fut.add_done_callback(functools.partial(self._undo_queued_begin, op.key))
+            raise
+        if isinstance(got, LeaseLost):
+            self.revoke(str(got))
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def _undo_queued_begin(self, key: str, fut: asyncio.Future[Any]) -> None:
+        if self.ledger is not None and not fut.cancelled() and fut.exception() is None and fut.result() is None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the mark reads as unknown
+                self.ledger(self._op(key, "failed"))
+
+    async def _abegin(self, key: str, *, retry_unknown: bool) -> Effect | None:
+        if self.ledger is None:
+            return await self._io(self._begin, key, retry_unknown=retry_unknown)
+        self.check()
+        got: Effect | None = await self._queued(self._op(key, retry_unknown=retry_unknown))
+        return got
+
+    async def _asettle(self, key: str, state: EffectState, result: Any) -> None:
+        if self.ledger is None:
+            await self._io(self._settle, key, state, result)
+            return
+        if not await self._queued(self._op(key, state, result)):
+            self.revoke(f"job {self.job_id}: another attempt took over side effect {key!r}")
+            raise LeaseLost(f"job {self.job_id}: another attempt took over side effect {key!r}")
+
+    async def _asettle_quietly(self, key: str, state: EffectState) -> None:
+        with contextlib.suppress(AgentDispatchError):
+            await self._asettle(key, state, None)
 
     async def _io(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """A blocking ledger call off the loop. If the turn is cancelled while

@@ -97,16 +97,18 @@ def build_server(dispatcher: Dispatcher, *, tenant: str) -> MCPServer[Any]:
         reason: f.Reason = None,
         not_before: f.NotBefore = None,
         delay_s: f.DelayS = None,
+        timeout_s: f.TimeoutS = None,
     ) -> Answer:
         """Dispatch a turn (answers its job handle), or read / cancel a job by job_id.
         A turn starts no earlier than ``not_before`` (unix time) or ``delay_s``
-        seconds from now."""
+        seconds from now; an attempt running past ``timeout_s`` seconds is
+        cancelled and retried."""
         if action == "dispatch":
             given = {
                 "kind": kind, "payload": payload, "task": task, "session_id": session_id, "priority": priority,
                 "deadline_unix": deadline_unix, "dependencies": dependencies, "job_id": job_id,
                 "idempotency_key": idempotency_key, "agent_name": agent_name, "not_before": not_before,
-                "delay_s": delay_s,
+                "delay_s": delay_s, "timeout_s": timeout_s,
             }  # fmt: skip
             data = {k: v for k, v in given.items() if v is not None}
 

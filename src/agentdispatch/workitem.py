@@ -81,6 +81,8 @@ class WorkItem:
     completed_at: float | None = None
     #: The progress the last attempt saved (``guard.checkpoint``), or None.
     checkpoint: Any = None
+    #: The submission's own execution timeout per attempt (seconds), or None.
+    timeout_s: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

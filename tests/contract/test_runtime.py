@@ -8,6 +8,8 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import pytest
+
 from agentdispatch import LeaseLost, Registry, Status, Submission
 from agentdispatch.errors import Overloaded
 from agentdispatch.runtime import AsyncWorker, RuntimeOptions
@@ -118,7 +120,8 @@ def test_session_turns_never_overlap_and_sync_handlers_still_run(make_harness):
 
 
 def test_cancel_mid_await_cancels_the_task_and_fences_the_late_commit(make_harness):
-    harness = make_harness(**FAST)
+    # Renewals far apart: only the worker's cancellation poll can stop the turn in time.
+    harness = make_harness(claim_ttl_s=120.0, renew_interval_s=60.0)
     started = threading.Event()
     cancelled = threading.Event()
     effects: list[str] = []
@@ -142,6 +145,7 @@ def test_cancel_mid_await_cancels_the_task_and_fences_the_late_commit(make_harne
         harness.dispatcher().cancel(job.job_id, "t")
         # Within a renew interval or so (a poll, not a timing assert).
         assert cancelled.wait(30), "the running task was not cancelled"
+        assert worker.renewer.calls == 0, "a renewal, not the cancellation poll, stopped the turn"
         wait_until(lambda: worker.ended[TurnEnd.FENCED] == 1)
     assert effects == []
     assert harness.store.history(job.job_id, "t")["side_effects"] == []
@@ -154,12 +158,14 @@ def test_cancel_mid_await_cancels_the_task_and_fences_the_late_commit(make_harne
         raise AssertionError("the late commit was not fenced")
 
 
-def test_a_turn_past_its_kind_timeout_is_cancelled_and_retried_with_reason_timeout(make_harness):
+@pytest.mark.parametrize("where", ["kind", "submission"])
+def test_a_turn_past_its_timeout_is_cancelled_and_retried_with_reason_timeout(make_harness, where):
     harness = make_harness(**FAST)
     cancelled = threading.Event()
     reg = Registry()
 
-    @reg.register("hangs", timeout_s=0.3)
+    # The kind's timeout is an hour where the submission's own must win.
+    @reg.register("hangs", timeout_s=0.3 if where == "kind" else 3600.0)
     async def hangs(turn, guard):
         try:
             await asyncio.sleep(3600)
@@ -167,7 +173,9 @@ def test_a_turn_past_its_kind_timeout_is_cancelled_and_retried_with_reason_timeo
             cancelled.set()
             raise
 
-    job = harness.dispatcher().submit(Submission(kind="hangs", tenant="t"))
+    sub = Submission(kind="hangs", tenant="t", timeout_s=0.3 if where == "submission" else None)
+    job = harness.dispatcher().submit(sub)
+    assert harness.store.get(job.job_id, "t").timeout_s == (0.3 if where == "submission" else None)
     with running(harness, reg, concurrency=2):
         assert cancelled.wait(30)
         wait_until(

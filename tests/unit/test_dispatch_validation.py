@@ -216,3 +216,13 @@ def test_admission_bound_rejects_the_whole_batch(dispatcher: Dispatcher) -> None
 def test_empty_batch_is_a_noop(dispatcher: Dispatcher) -> None:
     assert dispatcher.submit_many([]) == []
     assert _count(dispatcher) == 0
+
+
+@pytest.mark.parametrize("timeout", [0, -1, math.inf, math.nan, True, "30", 7 * 24 * 3600 + 1])
+def test_bad_timeout(timeout: Any) -> None:
+    assert "timeout_s" in bad(timeout_s=timeout)
+
+
+def test_timeout_is_kept_as_seconds() -> None:
+    assert ok(timeout_s=90).timeout_s == 90.0
+    assert ok().timeout_s is None

@@ -78,11 +78,11 @@ _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, option: str = "--delay") -> float:
     """``30s``, ``5m``, ``2h``, ``1d`` or plain seconds."""
     m = _DURATION.match(text.lower())
     if m is None:
-        raise InvalidInput(f"--delay {text!r} is not a duration like 30s, 5m, 2h or 1d")
+        raise InvalidInput(f"{option} {text!r} is not a duration like 30s, 5m, 2h or 1d")
     return float(m.group(1)) * _UNITS[m.group(2)]
 
 
@@ -123,6 +123,7 @@ def register(main: click.Group) -> None:
     @click.option("--idempotency-key", default=None, help="Derive the job id from this key.")
     @click.option("--delay", default=None, help="Start no earlier than this from now: 30s, 5m, 2h, 1d.")
     @click.option("--at", "at", default=None, help="Start no earlier than this ISO 8601 time (local if no offset).")
+    @click.option("--timeout", default=None, help="Cancel and retry an attempt running longer than this: 90s, 5m.")
     @click.option("--app", "app_spec", default=None, help="module:registry to check kinds [env: AGENT_DISPATCH_APP].")
     @TENANT
     @JSON
@@ -147,6 +148,8 @@ def register(main: click.Group) -> None:
             raise InvalidInput("give --delay or --at, not both")
         kw["delay_s"] = None if delay is None else parse_duration(delay)
         kw["not_before"] = None if at is None else parse_when(at)
+        timeout = kw.pop("timeout")
+        kw["timeout_s"] = None if timeout is None else parse_duration(timeout, "--timeout")
         sub = Submission(kind=kind, payload=body, tenant=tenant, **{**kw, "dependencies": tuple(kw["dependencies"])})
         handle = obj.dispatcher(check_kinds=True).submit(sub)
         _emit(handle.model_dump(), as_json, lambda: click.echo(handle.job_id))

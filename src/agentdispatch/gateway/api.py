@@ -39,6 +39,7 @@ class JobSpec(BaseModel):
     agent_name: f.AgentName = ""
     not_before: f.NotBefore = None
     delay_s: f.DelayS = None
+    timeout_s: f.TimeoutS = None
 
 
 class GraphRequest(JobSpec):

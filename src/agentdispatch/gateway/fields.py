@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from ..dispatch import MAX_DELAY_S
+from ..dispatch import MAX_DELAY_S, MAX_TIMEOUT_S
 from ..envelope import MAX_PAYLOAD_BYTES
 
 IDENT = r"^[A-Za-z0-9_.:@/+=-]{1,200}$"
@@ -42,5 +42,9 @@ NotBefore = Annotated[float | None, Field(gt=0, description="Start no earlier th
 DelayS = Annotated[
     float | None,
     Field(ge=0, le=MAX_DELAY_S, description=f"Start this many seconds after acceptance (0 to {MAX_DELAY_S:g})."),
+]
+TimeoutS = Annotated[
+    float | None,
+    Field(gt=0, le=MAX_TIMEOUT_S, description="Cancel and retry an attempt running longer than this many seconds."),
 ]
 Reason = Annotated[str | None, Field(max_length=200, description="Why the job is cancelled (shown as its reason).")]

@@ -21,6 +21,8 @@ class RuntimeOptions:
     reconcile: bool = True
     #: Turns claimed per statement at most (freed capacity is refilled in
     #: claims of up to this many).
-    claim_batch: int = 64
+    claim_batch: int = 256
+    #: How often the worker looks for cancelled turns it runs (one read per poll).
+    cancel_poll_s: float = 1.0
     #: Finished turns committed and acknowledged per transaction at most.
     commit_batch: int = 256

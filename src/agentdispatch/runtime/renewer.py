@@ -30,6 +30,10 @@ class BatchRenewer:
         self._due: dict[LeaseGuard, float] = {}
         self._cv = threading.Condition()
         self._closed = False
+        #: When the thread wakes next on its own: an added guard due later
+        #: (every one, when all share a period) need not wake it, which would
+        #: cost a scan of every guard per turn started.
+        self._wakes_at = 0.0
         #: The worst delay of a renewal's commit past its due time (seconds).
         self.worst_lateness_s = 0.0
         #: renew_many calls made.
@@ -46,8 +50,9 @@ class BatchRenewer:
     def add(self, guard: LeaseGuard) -> None:
         """Renew ``guard`` every ``guard.every`` seconds from now."""
         with self._cv:
-            self._due[guard] = self.clock() + guard.every
-            self._cv.notify()
+            due = self._due[guard] = self.clock() + guard.every
+            if due < self._wakes_at:
+                self._cv.notify()
 
     def remove(self, guard: LeaseGuard) -> None:
         """Stop renewing ``guard``."""
@@ -74,7 +79,9 @@ class BatchRenewer:
                     for g in batch:
                         self._due[g] = now + g.every
                     return batch, first
-                self._cv.wait(timeout=1.0 if first is None else first - now)
+                wait = 1.0 if first is None else first - now
+                self._wakes_at = now + wait
+                self._cv.wait(timeout=wait)
         return None
 
     def _run(self) -> None:

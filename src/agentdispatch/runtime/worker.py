@@ -30,6 +30,7 @@ from ..reconciler import Reconciler
 from ..settings import Settings
 from ..stores.base import Store, WorkerRow
 from ..transports.base import Transport
+from .ledger import Ledger
 from .options import RuntimeOptions
 from .renewer import BatchRenewer
 from .traffic import Claimed, Finished, Traffic
@@ -40,6 +41,9 @@ T = TypeVar("T")
 
 #: Sessions listed in a heartbeat row at most (the fleet view needs a sample).
 HEARTBEAT_SESSIONS = 1000
+#: How far back each cancellation poll reads (a cancel's event carries the
+#: time its transaction read the clock, which may commit a little later).
+CANCEL_LOOKBACK_S = 5.0
 
 
 class AsyncWorker:
@@ -80,6 +84,8 @@ class AsyncWorker:
             count=self._count,
         )
         self.running: set[Running] = set()
+        #: The running turns by job id (cancellations arrive as job ids).
+        self._by_job: dict[str, Running] = {}
         #: The error that stopped the worker, if any (the process exits non-zero).
         self.fatal: BaseException | None = None
         #: Turns that ended, by how.
@@ -125,7 +131,8 @@ class AsyncWorker:
         self._claim_wake, self._finish_wake = asyncio.Event(), asyncio.Event()
         opts = self.options
         handlers = ThreadPoolExecutor(opts.threads, thread_name_prefix="handler")
-        self._io = ThreadPoolExecutor(opts.io_threads, thread_name_prefix="ledger")
+        self._io = ThreadPoolExecutor(opts.io_threads, thread_name_prefix="io")
+        self.ledger = Ledger(self.store, ThreadPoolExecutor(1, thread_name_prefix="ledger"))
         # Claims and commits take turns on one thread: run side by side they
         # lock queue, fairness and item rows in opposite orders (PostgreSQL
         # deadlocks); on SQLite they queue for the one writer anyway.
@@ -135,7 +142,11 @@ class AsyncWorker:
             Reconciler(self.store, self.transport, self.settings.claim_ttl_s).start() if opts.reconcile else None
         )
         await self._off(self._io, self._beat)
-        side = [asyncio.create_task(self._finisher()), asyncio.create_task(self._heartbeats())]
+        side = [
+            asyncio.create_task(self._finisher()),
+            asyncio.create_task(self._heartbeats()),
+            asyncio.create_task(self._cancels()),
+        ]
         try:
             await self._claimer(handlers)
             clean = await self._drain()
@@ -148,7 +159,7 @@ class AsyncWorker:
             if reconciler is not None:
                 reconciler.stop()
             handlers.shutdown(wait=False, cancel_futures=True)  # a sync handler past the grace is abandoned
-            for ex in (self._io, self._claims):
+            for ex in (self._io, self._claims, self.ledger.executor):
                 ex.shutdown(wait=True)
             with contextlib.suppress(Exception):  # best effort: the row ages out anyway
                 self.store.remove_worker(self.worker_id)
@@ -208,6 +219,7 @@ class AsyncWorker:
         )
         guard.io = self._io
         self.observe.claimed(c.envelope, item, guard)
+        guard.ledger = self.ledger.submit
         r = Running(c.delivery, c.envelope, item, guard)
         loop = asyncio.get_running_loop()
 
@@ -220,6 +232,7 @@ class AsyncWorker:
         self.metrics.time_in_queue.observe(max(0.0, time.time() - c.envelope.enqueued_at))
         self.metrics.attempts.observe(item.attempt)
         self.running.add(r)
+        self._by_job[item.id] = r
         self.metrics.in_flight.set(len(self.running))
         self.renewer.add(guard)
         r.task = asyncio.create_task(self._turn(r, handlers), name=f"turn-{item.id}")
@@ -232,7 +245,8 @@ class AsyncWorker:
 
     # -- run --------------------------------------------------------------------
     def _timeout_of(self, r: Running) -> float | None:
-        return self.registry.timeout_of(r.item.kind)
+        # The submission's own timeout is the more specific: it wins.
+        return r.item.timeout_s if r.item.timeout_s is not None else self.registry.timeout_of(r.item.kind)
 
     async def _turn(self, r: Running, handlers: Executor) -> None:
         r.in_handler = True
@@ -243,6 +257,8 @@ class AsyncWorker:
             r.in_handler = False
             self.renewer.remove(r.guard)
             self.running.discard(r)
+            if self._by_job.get(r.item.id) is r:
+                del self._by_job[r.item.id]
             self.metrics.in_flight.set(len(self.running))
         now = self.clock()
         if r.overload is not None:
@@ -319,6 +335,34 @@ class AsyncWorker:
     def _count(self, end: TurnEnd) -> None:
         self.ended[end] += 1
         self.metrics.turns.labels(outcome=end.value).inc()
+
+    # -- cancellations -------------------------------------------------------------
+    async def _cancels(self) -> None:
+        """Stop running turns that were cancelled (CLI, API, dashboard, an
+        expired deadline) within about a poll interval: one indexed read a
+        poll for the whole process, however many turns are in flight."""
+        every = self.options.cancel_poll_s
+        since: float | None = None
+        while not self.stopping:
+            await self._nap_stop(every)
+            if self.stopping or not self._by_job:
+                since = None  # nothing to stop: start afresh from the next poll's clock
+                continue
+            try:
+                if since is None:
+                    since = (await self._off(self._io, self.store.cancelled_since, float("inf")))[0]
+                now, ids = await self._off(self._io, self.store.cancelled_since, since - CANCEL_LOOKBACK_S)
+            except Exception as exc:
+                if not recoverable(exc):
+                    self._fail(exc)
+                    return
+                log.warning("polling for cancelled turns failed: %s", exc)
+                continue
+            since = now
+            for job_id in ids:
+                r = self._by_job.get(job_id)
+                if r is not None:
+                    r.guard.revoke(f"job {job_id} was cancelled")
 
     # -- heartbeat ----------------------------------------------------------------
     def _beat_soon(self) -> None:

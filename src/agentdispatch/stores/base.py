@@ -37,6 +37,8 @@ class NewJob:
     #: seconds after acceptance (by the store's clock); both default to now.
     not_before: float | None = None
     delay_s: float = 0.0
+    #: Execution timeout per attempt (seconds), or None (the kind's, if any).
+    timeout_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +164,25 @@ class Effect:
 #: raised (``failed``: a later attempt runs it again), or its outcome was not
 #: seen (``unknown``: a later attempt verifies it or a person decides).
 EffectState = Literal["committed", "failed", "unknown"]
+
+
+@dataclass(frozen=True)
+class LedgerOp:
+    """One side-effect ledger write of :meth:`Store.ledger_many`: a begin
+    (``state`` None: :meth:`Store.effect_begin`) or a settlement
+    (:meth:`Store.effect_end` with ``state`` and ``result``)."""
+
+    lease: Lease
+    key: str
+    state: EffectState | None = None
+    result: Any = None
+    ttl_s: float = 0.0
+    retry_unknown: bool = False
+
+
+#: The answer to one :class:`LedgerOp`: a begin's ``Effect | None``, a
+#: settlement's ``bool``, or the error it raised (:class:`LeaseLost`, ...).
+LedgerAnswer = Any
 
 
 @dataclass(frozen=True)
@@ -321,6 +342,16 @@ class Store(Protocol):
         epoch on the ledger row: False (and nothing written) when the mark is
         no longer this attempt's (another attempt doubted, verified or re-ran
         the effect, or a replay released it)."""
+
+    def ledger_many(self, ops: Sequence[LedgerOp]) -> list[LedgerAnswer]:
+        """Many turns' ledger writes in one durable transaction, each answered
+        as its own :meth:`effect_begin` / :meth:`effect_end` call would be (an
+        error it would raise is returned in its place; none of them writes
+        anything). A database error fails the whole batch."""
+
+    def cancelled_since(self, since: float) -> tuple[float, list[str]]:
+        """The database clock now, and the jobs cancelled at or after ``since``
+        (database time; one indexed read, for a worker to stop turns it runs)."""
 
     def checkpoint(self, lease: Lease, state: str) -> None:
         """Durably save ``state`` (JSON text) as the item's checkpoint, fenced

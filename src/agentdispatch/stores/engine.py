@@ -8,18 +8,27 @@ only supplies the SQL of :class:`Tx`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .. import workitem as wi
 from ..envelope import Envelope
-from ..errors import EffectUnknown, IdempotencyConflict, InvalidInput, JobNotFound, LeaseLost, QueueFull
+from ..errors import (
+    AgentDispatchError,
+    EffectUnknown,
+    IdempotencyConflict,
+    InvalidInput,
+    JobNotFound,
+    LeaseLost,
+    QueueFull,
+)
 from ..policy import backoff_delay
 from ..tracing import current_traceparent
 from ..workitem import Lease, Outcome, Status, WorkItem
-from .base import Accepted, Claim, ClaimKind, Effect, EffectState, NewJob, SweepReport
+from .base import Accepted, Claim, ClaimKind, Effect, EffectState, LedgerAnswer, LedgerOp, NewJob, SweepReport
 
 
 class Tx(Protocol):
@@ -293,6 +302,27 @@ def renew(tx: Tx, lease: Lease, ttl_s: float) -> Lease:
     return wi.lease_of(item)
 
 
+def renewed(tx: Tx, leases: Sequence[Lease], done: dict[tuple[str, str], float]) -> list[Lease | LeaseLost]:
+    """The answers of a one-statement renewal that extended the leases in
+    ``done`` ((job id, token) -> new expiry): the others are refused, each
+    with the reason :func:`renew` would give (read back; a rare path)."""
+    out: list[Lease | LeaseLost] = []
+    for lease in leases:
+        until = done.get((lease.job_id, lease.token))
+        if until is not None:
+            out.append(dataclasses.replace(lease, expires_at=until))
+            continue
+        item = tx.load(lease.job_id, lock=False)
+        try:
+            if item is None:
+                raise LeaseLost(f"job {lease.job_id} vanished")
+            wi.check_fence(item, lease, tx.now())
+            raise LeaseLost(f"job {lease.job_id}: lease epoch {lease.epoch} was not renewed")
+        except LeaseLost as exc:
+            out.append(exc)
+    return out
+
+
 def renew_many(tx: Tx, leases: Sequence[Lease], ttl_s: float) -> list[Lease | LeaseLost]:
     """:func:`renew` for each lease (the items already read in one statement);
     a fenced one is answered with its :class:`LeaseLost` and writes nothing."""
@@ -412,6 +442,40 @@ def effect_end(tx: Tx, lease: Lease, key: str, state: EffectState, result: Any) 
         return True
     row = tx.effect_get(lease.tenant, key)
     return row is not None and (row.job_id, row.epoch, row.state) == (lease.job_id, lease.epoch, state)
+
+
+def ledger_many(
+    tx: Tx, ops: Sequence[LedgerOp], settled: Callable[[LedgerOp, bool], None] | None = None
+) -> list[LedgerAnswer]:
+    """Each op as :func:`effect_begin` or :func:`effect_end` would run it alone
+    (``settled`` may check a settlement after it; an error is raised before
+    any write, so it is answered in the op's place and the rest go on)."""
+    out: list[LedgerAnswer] = []
+    for op in ops:
+        try:
+            if op.state is None:
+                out.append(effect_begin(tx, op.lease, op.key, op.ttl_s, retry_unknown=op.retry_unknown))
+            else:
+                recorded = effect_end(tx, op.lease, op.key, op.state, op.result)
+                if settled is not None:
+                    settled(op, recorded)
+                out.append(recorded)
+        except AgentDispatchError as exc:
+            out.append(exc)
+    return out
+
+
+def with_timeouts(jobs: Sequence[NewJob], accepted: list[Accepted]) -> tuple[list[Accepted], list[tuple[str, float]]]:
+    """The accepted items with the execution timeouts of the new ones among
+    them, and those (id, seconds) pairs for the store to write."""
+    pairs: list[tuple[str, float]] = []
+    out: list[Accepted] = []
+    for job, a in zip(jobs, accepted, strict=True):
+        if a.created and job.timeout_s is not None:
+            pairs.append((a.item.id, job.timeout_s))
+            a = Accepted(wi.evolve(a.item, timeout_s=job.timeout_s), created=True)
+        out.append(a)
+    return out, pairs
 
 
 def sweep(tx: Tx, redeliver_after_s: float, limit: int = 500) -> SweepReport:

@@ -18,14 +18,18 @@ from ..workitem import Lease, Outcome, Status, WorkItem
 from . import engine
 from .base import (
     Accepted,
+    Activity,
     Claim,
     Effect,
     EffectState,
     JobFilter,
+    LedgerAnswer,
+    LedgerOp,
     NewJob,
     OutboxRow,
     Schedule,
     SweepReport,
+    TenantCount,
     WorkerRow,
     claim_each,
     commit_each,
@@ -42,6 +46,9 @@ def _matches(item: WorkItem, f: JobFilter) -> bool:
         and (f.created_to is None or item.created_at < f.created_to)
         and (f.id_contains is None or f.id_contains in item.id)
     )
+
+
+_OPEN = frozenset({Status.SUBMITTED, Status.READY, Status.LEASED, Status.RUNNING})
 
 
 class MemoryStore:
@@ -78,8 +85,12 @@ class MemoryStore:
 
     # -- lifecycle ----------------------------------------------------------
     def submit(self, jobs: Sequence[NewJob], *, max_depth: int) -> list[Accepted]:
-        out: list[Accepted] = self._run(engine.submit, jobs, max_depth)
-        return out
+        with self.db.tx() as t:
+            accepted, _ = engine.with_timeouts(jobs, engine.submit(MemoryTx(t, self.db.now()), jobs, max_depth))
+            for a in accepted:
+                if a.item.timeout_s is not None:
+                    t.items[a.item.id] = a.item  # the item as stored, with its execution timeout
+        return accepted
 
     def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
         out: Claim = self._run(engine.claim, job_id, tenant, owner, ttl_s)
@@ -155,7 +166,67 @@ class MemoryStore:
                 {"key": e.key, "state": e.state, "epoch": e.epoch, "result": e.result}
                 for e in MemoryTx(t, 0.0).effects_of(job_id)
             ]
-        return {"job": item.view(), "events": events, "side_effects": effects}
+        return {"job": item.view(), "payload": item.payload, "events": events, "side_effects": effects}
+
+    def fleet_counts(self) -> list[TenantCount]:
+        groups: dict[tuple[str, str], tuple[int, float]] = {}
+        with self.db.read() as t:
+            for i in t.items.values():
+                if i.status in _OPEN or i.status is Status.DEAD_LETTER:
+                    stamp = i.completed_at if i.completed_at is not None else i.updated_at
+                    n, oldest = groups.get((i.tenant, i.status.value), (0, stamp))
+                    groups[(i.tenant, i.status.value)] = (n + 1, min(oldest, stamp))
+        return [TenantCount(tenant, status, n, oldest) for (tenant, status), (n, oldest) in sorted(groups.items())]
+
+    def depth_breakdown(self, tenant: str | None) -> list[tuple[str, str, str, int]]:
+        rows: dict[tuple[str, str, str], int] = {}
+        with self.db.read() as t:
+            for i in t.items.values():
+                if i.status in _OPEN and (tenant is None or i.tenant == tenant):
+                    key = (i.tenant, i.kind, i.status.value)
+                    rows[key] = rows.get(key, 0) + 1
+        return [(*key, n) for key, n in sorted(rows.items())]
+
+    def activity(self, tenant: str | None, *, since: float, bucket_s: float) -> Activity:
+        start = 0
+        created: dict[int, int] = {}
+        finished: dict[int, dict[str, int]] = {}
+        with self.db.read() as t:
+            for i in t.items.values():
+                if tenant is not None and i.tenant != tenant:
+                    continue
+                done = i.completed_at
+                if i.created_at <= since and (done is None or done > since):
+                    start += 1
+                if i.created_at > since:
+                    b = int((i.created_at - since) / bucket_s)
+                    created[b] = created.get(b, 0) + 1
+                if done is not None and done > since:
+                    per = finished.setdefault(int((done - since) / bucket_s), {})
+                    per[i.status.value] = per.get(i.status.value, 0) + 1
+        return Activity(since, bucket_s, start, created, finished)
+
+    def purge_dead(self, job_ids: Sequence[str], tenant: str | None) -> list[str]:
+        gone: list[str] = []
+        with self.db.tx() as t:
+            for job_id in dict.fromkeys(job_ids):
+                item = t.items.get(job_id)
+                if (
+                    item is None
+                    or item.status is not Status.DEAD_LETTER
+                    or (tenant is not None and item.tenant != tenant)
+                ):
+                    continue
+                del t.items[job_id]
+                gone.append(job_id)
+            if gone:
+                dead = set(gone)
+                t.events = [e for e in t.events if e["job_id"] not in dead]
+                t.dependants = {
+                    k: tuple(j for j in v if j not in dead) for k, v in t.dependants.items() if k not in dead
+                }
+                t.queue = {k: r for k, r in t.queue.items() if r.job_id not in dead}
+        return gone
 
     # -- side effects, poison ----------------------------------------------
     def effect_begin(self, lease: Lease, key: str, ttl_s: float, *, retry_unknown: bool = False) -> Effect | None:
@@ -164,6 +235,17 @@ class MemoryStore:
 
     def effect_end(self, lease: Lease, key: str, *, state: EffectState, result: Any) -> bool:
         return bool(self._run(engine.effect_end, lease, key, state, result))
+
+    def ledger_many(self, ops: Sequence[LedgerOp]) -> list[LedgerAnswer]:
+        if not ops:
+            return []
+        out: list[LedgerAnswer] = self._run(engine.ledger_many, ops)
+        return out
+
+    def cancelled_since(self, since: float) -> tuple[float, list[str]]:
+        with self.db.read() as t:
+            ids = [e["job_id"] for e in t.events if e["event"] == "cancelled" and e["at"] >= since]
+        return self.db.now(), ids
 
     def checkpoint(self, lease: Lease, state: str) -> None:
         with self.db.tx() as t:

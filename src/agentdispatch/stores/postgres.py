@@ -31,6 +31,8 @@ from .base import (
     Effect,
     EffectState,
     JobFilter,
+    LedgerAnswer,
+    LedgerOp,
     NewJob,
     OutboxRow,
     Schedule,
@@ -155,7 +157,10 @@ class PostgresStore:
     def submit(self, jobs: Sequence[NewJob], *, max_depth: int) -> list[Accepted]:
         # The one-statement path plans times on this host's clock and shifts them
         # onto the database's, which would move an absolute not_before too.
-        if len(jobs) <= SMALL_SUBMISSION and not any(j.dependencies or j.not_before is not None for j in jobs):
+        # A timeout is one more statement: the general path.
+        if len(jobs) <= SMALL_SUBMISSION and not any(
+            j.dependencies or j.not_before is not None or j.timeout_s is not None for j in jobs
+        ):
             accepted = self._submit_new(jobs, max_depth)
             if accepted is not None:
                 return accepted
@@ -165,7 +170,14 @@ class PostgresStore:
             tx.read_submit([j.job_id for j in jobs], len(jobs), max_depth)
             bulk = len(jobs) >= 2 * BULK_CHUNK
             with tx.streaming(BULK_CHUNK) if bulk else nullcontext():
-                return engine.submit(tx, jobs, max_depth)
+                accepted = engine.submit(tx, jobs, max_depth)
+            if not any(j.timeout_s is not None for j in jobs):
+                return accepted
+            accepted, pairs = engine.with_timeouts(jobs, accepted)
+            if pairs:
+                tx.flush()
+                tx.c.execute(Q["set_timeouts"], {"ids": [p[0] for p in pairs], "seconds": [p[1] for p in pairs]})
+            return accepted
 
         return self._run(op, durable=True)
 
@@ -234,10 +246,21 @@ class PostgresStore:
     def renew_many(self, leases: Sequence[Lease], ttl_s: float) -> list[Lease | LeaseLost]:
         if not leases:
             return []
+        params = {
+            "ids": [x.job_id for x in leases],
+            "tenants": [x.tenant for x in leases],
+            "owners": [x.owner for x in leases],
+            "epochs": [x.epoch for x in leases],
+            "tokens": [x.token for x in leases],
+            "ttl": ttl_s,
+        }
 
         def op(tx: PostgresTx) -> list[Lease | LeaseLost]:
-            tx.read_items([lease.job_id for lease in leases])  # one round trip, rows locked
-            return engine.renew_many(tx, leases, ttl_s)  # the saves: one statement at flush
+            # One UPDATE renews every live lease (rows locked in id order, as
+            # every batch locks them); only a refused one is read back.
+            rows = tx.c.execute(Q["renew_many"], params).fetchall()
+            done = {(r["id"], r["lease_token"]): float(r["lease_expires_at"]) for r in rows}
+            return engine.renewed(tx, leases, done)
 
         return self._run(op, idempotent=True)
 
@@ -363,6 +386,41 @@ class PostgresStore:
             durable=True,
             patience_s=patience,
         )
+
+    def ledger_many(self, ops: Sequence[LedgerOp]) -> list[LedgerAnswer]:
+        if not ops:
+            return []
+        begins = [op for op in ops if op.state is None]
+
+        def op(tx: PostgresTx) -> list[LedgerAnswer]:
+            lost: dict[int, LeaseLost] = {}
+            if begins:
+                tx.read_items([b.lease.job_id for b in begins])  # one round trip, rows locked in id order
+
+            def settled(o: LedgerOp, recorded: bool) -> None:
+                # As effect_end: a settlement written after the lease ran out
+                # stops the handler (another worker may own the turn).
+                item = tx.load(o.lease.job_id, lock=False)
+                if recorded and not (
+                    item is not None and item.lease_token == o.lease.token and wi.lease_is_live(item, tx.now())
+                ):
+                    lost[id(o)] = LeaseLost(
+                        f"job {o.lease.job_id}: lease epoch {o.lease.epoch} expired while recording {o.key!r}"
+                    )
+
+            out = engine.ledger_many(tx, ops, settled)
+            return [lost.get(id(o), a) for o, a in zip(ops, out, strict=True)]
+
+        # Not idempotent (a begin repeated after an unknown COMMIT would read its
+        # own mark as an effect in flight); waits for a restarting database
+        # only while every begin's lease may still be live.
+        left = min((b.lease.expires_at for b in begins), default=time.time() + WORKER_PATIENCE_S) - time.time()
+        return self._run(op, durable=True, patience_s=max(0.0, min(WORKER_PATIENCE_S, left)))
+
+    def cancelled_since(self, since: float) -> tuple[float, list[str]]:
+        row = self.db.read(lambda c: c.execute(Q["cancelled_since"], {"since": since}).fetchone())
+        assert row is not None
+        return float(row["now"]), [str(i) for i in row["ids"]]
 
     def effect_end(self, lease: Lease, key: str, *, state: EffectState, result: Any) -> bool:
         # What the attempt saw must outlast a database restart; the write is

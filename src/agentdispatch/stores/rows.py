@@ -45,6 +45,7 @@ def item_from_row(row: Mapping[str, Any]) -> WorkItem:
         error=row["error"],
         completed_at=row["completed_at"],
         checkpoint=None if saved is None else json.loads(saved),
+        timeout_s=row["timeout_s"],
     )
 
 

@@ -25,6 +25,8 @@ from .base import (
     Effect,
     EffectState,
     JobFilter,
+    LedgerAnswer,
+    LedgerOp,
     NewJob,
     OutboxRow,
     Schedule,
@@ -318,6 +320,11 @@ class SqliteStore:
             tx.buffer()
             accepted = engine.submit(tx, jobs, max_depth)
             tx.flush()
+            if not any(j.timeout_s is not None for j in jobs):
+                return accepted
+            accepted, pairs = engine.with_timeouts(jobs, accepted)
+            if pairs:
+                tx.c.execute(Q["set_timeouts"], (json.dumps(pairs),))
             return accepted
 
     def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
@@ -336,11 +343,13 @@ class SqliteStore:
         if not leases:
             return []
         with self._tx() as tx:
-            tx.prefetch([lease.job_id for lease in leases])
-            tx.buffer()  # the saves go out as one executemany
-            out = engine.renew_many(tx, leases, ttl_s)
-            tx.flush()
-            return out
+            # One UPDATE renews every live lease: its cost is the rows it
+            # rewrites, not a statement (and item decode) per lease.
+            now = tx.now()
+            payload = json.dumps([[x.job_id, x.tenant, x.owner, x.epoch, x.token] for x in leases])
+            rows = tx.c.execute(Q["renew_many"], {"leases": payload, "now": now, "until": now + ttl_s})
+            done = {(r[0], r[1]): float(r[2]) for r in rows}
+            return engine.renewed(tx, leases, done)
 
     def commit(self, lease: Lease, outcome: Outcome) -> WorkItem:
         with self._tx(durable=True) as tx:
@@ -440,6 +449,18 @@ class SqliteStore:
     def effect_end(self, lease: Lease, key: str, *, state: EffectState, result: Any) -> bool:
         with self._tx(durable=True) as tx:
             return engine.effect_end(tx, lease, key, state, result)
+
+    def ledger_many(self, ops: Sequence[LedgerOp]) -> list[LedgerAnswer]:
+        if not ops:
+            return []
+        with self._tx(durable=True) as tx:
+            tx.prefetch([op.lease.job_id for op in ops if op.state is None])
+            return engine.ledger_many(tx, ops)
+
+    def cancelled_since(self, since: float) -> tuple[float, list[str]]:
+        now = self.db.now()
+        rows = self.db.conn().execute(Q["cancelled_since"], (since,))
+        return now, [str(r[0]) for r in rows]
 
     def checkpoint(self, lease: Lease, state: str) -> None:
         with self._tx(durable=True) as tx:

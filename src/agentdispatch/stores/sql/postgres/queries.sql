@@ -404,3 +404,36 @@ WITH gone AS (
     DELETE FROM agent_dispatch_queue WHERE job_id IN (SELECT id FROM gone)
 )
 SELECT id FROM gone
+
+-- name: cancelled_since
+-- Jobs cancelled since a time, and the clock: the partial index of migration
+-- 014 holds only cancellation events, so this read costs nothing on the hot path.
+SELECT extract(epoch FROM clock_timestamp())::float8 AS now,
+       coalesce((SELECT array_agg(job_id) FROM work_events WHERE event = 'cancelled' AND at >= %(since)s),
+                '{}') AS ids
+
+-- name: renew_many
+-- Every live lease of the lists in one statement, rows locked in id order
+-- (as every batch locks them); the refused ones are simply not returned.
+WITH l AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(tenants)s::text[], %(owners)s::text[], %(epochs)s::bigint[],
+                         %(tokens)s::text[]) AS l (id, tenant, owner, epoch, token)
+), clock AS (
+    SELECT extract(epoch FROM clock_timestamp())::float8 AS now
+), live AS (
+    SELECT w.id FROM work_items w JOIN l ON l.id = w.id CROSS JOIN clock
+    WHERE w.tenant = l.tenant AND w.lease_owner = l.owner AND w.lease_epoch = l.epoch
+      AND w.lease_token = l.token AND w.status IN ('leased', 'running') AND w.lease_expires_at > clock.now
+    ORDER BY w.id
+    FOR UPDATE OF w
+)
+UPDATE work_items w SET lease_expires_at = clock.now + %(ttl)s, updated_at = clock.now
+FROM live CROSS JOIN clock
+WHERE w.id = live.id
+RETURNING w.id, w.lease_token, w.lease_expires_at
+
+-- name: set_timeouts
+-- The execution timeouts of newly accepted items.
+UPDATE work_items w SET timeout_s = t.seconds
+FROM unnest(%(ids)s::text[], %(seconds)s::float8[]) AS t (id, seconds)
+WHERE w.id = t.id

@@ -279,3 +279,27 @@ DELETE FROM work_dependencies WHERE job_id = :id OR depends_on = :id
 
 -- name: purge_queue
 DELETE FROM agent_dispatch_queue WHERE job_id = :id
+
+-- name: cancelled_since
+-- Jobs cancelled since a time: the partial index of migration 014 holds only
+-- cancellation events, so this read costs nothing on the hot path.
+SELECT job_id FROM work_events INDEXED BY work_events_cancelled WHERE event = 'cancelled' AND at >= ?
+
+-- name: renew_many
+-- Every live lease of the list ([id, tenant, owner, epoch, token] each) in
+-- one statement; the refused ones are simply not returned.
+UPDATE work_items AS w SET lease_expires_at = :until, updated_at = :now
+FROM (
+    SELECT json_extract(value, '$[0]') AS id, json_extract(value, '$[1]') AS tenant,
+           json_extract(value, '$[2]') AS owner, json_extract(value, '$[3]') AS epoch,
+           json_extract(value, '$[4]') AS token
+    FROM json_each(:leases)
+) AS l
+WHERE w.id = l.id AND w.tenant = l.tenant AND w.lease_owner = l.owner AND w.lease_epoch = l.epoch
+  AND w.lease_token = l.token AND w.status IN ('leased', 'running') AND w.lease_expires_at > :now
+RETURNING id, lease_token, lease_expires_at
+
+-- name: set_timeouts
+-- The execution timeouts of newly accepted items ([id, seconds] each).
+UPDATE work_items SET timeout_s = json_extract(j.value, '$[1]')
+FROM json_each(?) AS j WHERE work_items.id = json_extract(j.value, '$[0]')

@@ -1,0 +1,60 @@
+"""Contract: the batch verbs of the async runtime on every backend.
+``ledger_many`` answers each ledger write as its own call would, in one
+transaction; ``cancelled_since`` lists the jobs cancelled since a time."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from agentdispatch import LeaseLost, Submission
+from agentdispatch.errors import EffectUnknown
+from agentdispatch.stores.base import ClaimKind, LedgerOp
+
+
+def _claimed(harness, n: int):
+    d = harness.dispatcher()
+    jobs = [d.submit(Submission(kind="echo", tenant="t")) for _ in range(n)]
+    claims = [harness.store.claim(j.job_id, "t", owner="w:1", ttl_s=30) for j in jobs]
+    assert all(c.kind is ClaimKind.CLAIMED for c in claims)
+    return [c.lease for c in claims]
+
+
+def test_ledger_many_answers_each_op_as_its_own_call_would(harness):
+    a, b, c = _claimed(harness, 3)
+    harness.store.cancel(c.job_id, "t")
+    forged = dataclasses.replace(b, token="0" * 32)
+    got = harness.store.ledger_many(
+        [LedgerOp(a, "send-a", ttl_s=30), LedgerOp(b, "send-b", ttl_s=30), LedgerOp(c, "send-c", ttl_s=30)]
+    )
+    assert got[0] is None and got[1] is None  # both marked intended: run them
+    assert isinstance(got[2], LeaseLost)  # the cancelled one wrote nothing
+    # A second begin of a mark in flight in the same attempt is refused; a
+    # forged lease is fenced; the settlements record the results.
+    got = harness.store.ledger_many(
+        [
+            LedgerOp(a, "send-a", ttl_s=30),
+            LedgerOp(forged, "send-x", ttl_s=30),
+            LedgerOp(a, "send-a", "committed", {"id": 1}),
+            LedgerOp(b, "send-b", "failed"),
+        ]
+    )
+    assert isinstance(got[0], EffectUnknown) and isinstance(got[1], LeaseLost)
+    assert got[2] is True and got[3] is True
+    effects = {e["key"]: e for e in harness.store.history(a.job_id, "t")["side_effects"]}
+    assert effects["send-a"]["state"] == "committed" and effects["send-a"]["result"] == {"id": 1}
+    assert harness.store.history(c.job_id, "t")["side_effects"] == []
+    assert harness.store.history(b.job_id, "t")["side_effects"][0]["state"] == "failed"
+    # A recorded effect is answered, not begun again.
+    (again,) = harness.store.ledger_many([LedgerOp(a, "send-a", ttl_s=30)])
+    assert again is not None and again.state == "committed" and again.result == {"id": 1}
+    assert harness.store.ledger_many([]) == []
+
+
+def test_cancelled_since_lists_the_cancelled_jobs_after_a_time(harness):
+    _, b = _claimed(harness, 2)
+    before, listed = harness.store.cancelled_since(float("inf"))
+    assert listed == []
+    harness.store.cancel(b.job_id, "t")
+    now, listed = harness.store.cancelled_since(before - 1.0)
+    assert listed == [b.job_id] and now >= before
+    assert harness.store.cancelled_since(now + 60.0)[1] == []
