@@ -27,7 +27,7 @@ from ..envelope import Envelope
 from ..errors import AgentDispatchError, QueueFull, TaskQueueUnavailable
 from ..quietlogs import demote
 from ..settings import KAFKA_GROUP, KAFKA_TOPIC, Settings
-from .base import Delivery, ack_each, get_each
+from .base import Delivery, get_each
 from .kafka_admin import TopicAdmin, TopicMissing
 from .kafka_consumer import SEQ_HEADER, OwnedConsumer
 from .kafka_producer import CoalescingProducer, GroupCommit, message_key
@@ -295,7 +295,20 @@ class KafkaTransport:
         return get_each(self, owner, n, visibility_s=visibility_s)
 
     def ack_many(self, deliveries: Sequence[Delivery]) -> list[bool]:
-        return ack_each(self, deliveries)
+        """:meth:`ack` for each, one offset commit per consumer."""
+        by_owner: dict[str, list[int]] = {}
+        for i, d in enumerate(deliveries):
+            by_owner.setdefault(d.receipt.owner, []).append(i)
+        out = [False] * len(deliveries)
+        for owner, idx in by_owner.items():
+            with self._lock:
+                oc = self._consumers.get(owner)
+            if oc is None:
+                continue
+            for i, ok in zip(idx, oc.ack_many([deliveries[i].receipt for i in idx]), strict=True):
+                out[i] = ok
+        self._auto_relay()  # the commits before these acks may have written outbox rows
+        return out
 
     def release(self, delivery: Delivery, delay_s: float) -> None:
         """Hold the message, uncommitted, in its consumer for ``delay_s``."""

@@ -302,22 +302,43 @@ class OwnedConsumer:
 
     def ack(self, receipt: Receipt) -> bool:
         """Commit past the message if this receipt still owns it."""
+        return self.ack_many([receipt])[0]
+
+    def ack_many(self, receipts: list[Receipt]) -> list[bool]:
+        """:meth:`ack` for each receipt, behind one offset commit for all
+        their partitions (a commit per message was a broker request each)."""
         with self.lock:
-            e = self._owned(receipt)
-            if e is None:
-                return False
-            del self._inflight[(e.partition, e.offset)]
-            pending = self._outstanding.get(e.partition, set())
-            pending.discard(e.offset)
-            target = min(pending) if pending else self._next.get(e.partition, e.offset + 1)
-            if target > self._committed.get(e.partition, -1):
-                self._committed[e.partition] = target
-                try:
-                    self._c.commit(offsets=[TopicPartition(self.topic, e.partition, target)], asynchronous=True)
-                except Exception:
-                    # Not committed: the message is redelivered and skipped (terminal).
-                    self._committed.pop(e.partition, None)
-            return True
+            out: list[bool] = []
+            touched: set[int] = set()
+            for receipt in receipts:
+                e = self._owned(receipt)
+                out.append(e is not None)
+                if e is None:
+                    continue
+                del self._inflight[(e.partition, e.offset)]
+                self._outstanding.get(e.partition, set()).discard(e.offset)
+                touched.add(e.partition)
+            self._commit(touched)
+            return out
+
+    def _commit(self, parts: set[int]) -> None:
+        """Move each partition's commit point to its lowest unacknowledged offset."""
+        moved: dict[int, int] = {}
+        for p in sorted(parts):
+            pending = self._outstanding.get(p)
+            target = min(pending) if pending else self._next.get(p, 0)
+            if target > self._committed.get(p, -1):
+                moved[p] = target
+        if not moved:
+            return
+        self._committed.update(moved)
+        try:
+            offsets = [TopicPartition(self.topic, p, off) for p, off in moved.items()]
+            self._c.commit(offsets=offsets, asynchronous=True)
+        except Exception:
+            # Not committed: the messages are redelivered and skipped (terminal).
+            for p in moved:
+                self._committed.pop(p, None)
 
     def release(self, receipt: Receipt, delay_s: float) -> bool:
         """Put the message back in the buffer, uncommitted, for ``delay_s``."""
