@@ -260,7 +260,9 @@ class KafkaTransport:
         with self._lock:
             oc = self._consumers.get(owner)
             if oc is None or oc.closed:
-                oc = OwnedConsumer(owner, self._consumer_config, self.topic, buffer_max=self.buffer_max)
+                oc = OwnedConsumer(
+                    owner, self._consumer_config, self.topic, buffer_max=self.buffer_max, poll_every_s=self.keepalive_s
+                )
                 self._consumers[owner] = oc
             if self._keepalive is None:
                 self._keepalive = threading.Thread(target=self._keepalive_loop, name="kafka-keepalive", daemon=True)
