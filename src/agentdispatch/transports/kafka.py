@@ -62,7 +62,10 @@ class KafkaTransport:
         group: str = KAFKA_GROUP,
         redeliver_after_s: float | None = None,
         max_poll_interval_ms: int = 60_000,
-        session_timeout_ms: int = 10_000,
+        # The lowest a default Apache Kafka broker accepts (group.min.session.timeout.ms):
+        # a dead member's partitions move on sooner, and a broker that holds a
+        # new member's JoinGroup for part of it lets the first turn start sooner.
+        session_timeout_ms: int = 6_000,
         timeout_s: float = 10.0,
         linger_s: float = 0.0,
         coalesce: bool = True,
