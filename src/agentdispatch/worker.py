@@ -459,7 +459,7 @@ class Worker:
 
     def _refill(self, lane: Lane) -> int:
         """How many turns to claim with the next commit (0: none)."""
-        if not self.transport.shared_database or self.stopping.is_set() or self.backpressure.claim_delay():
+        if self.stopping.is_set() or self.backpressure.claim_delay():
             return 0
         turn_s = self.backpressure.mean_latency()
         if turn_s is not None and lane.pace is not None:

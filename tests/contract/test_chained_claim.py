@@ -1,6 +1,9 @@
-"""Contract: where the queue shares the store's database, the transaction that
-commits a turn also claims the thread's next one; a failure of that claim never
-costs the commit, and a chained turn runs even when the worker is stopping."""
+"""Contract: a claim thread that commits a fast turn claims its next ones with
+that commit, on every transport: in the same transaction where the queue shares
+the store's database, straight after it elsewhere (Kafka: the deliveries stay
+uncommitted in the thread's own consumer, which hands out no other turn of a
+session with one in flight). A failure of that claim never costs the commit,
+and a chained turn runs even when the worker is stopping."""
 
 from __future__ import annotations
 
@@ -63,11 +66,9 @@ def test_the_commit_claims_the_next_turn(harness, loop) -> None:  # type: ignore
     assert len(done) == 1
     (other,) = {a, b} - done
     assert harness.transport.shared_database is (harness.transport.name != "kafka")
-    if harness.transport.shared_database:
-        # Claimed in the committing transaction: running already, no queue read left.
-        assert _status(harness, other) is Status.RUNNING and _held(worker) == 1
-    else:
-        assert _status(harness, other) is Status.READY and not _held(worker)
+    # Claimed with the commit (in its transaction on a shared database):
+    # running already, no queue read left.
+    assert _status(harness, other) is Status.RUNNING and _held(worker) == 1
     assert _poll_until(worker, loop) == "completed"
     assert _status(harness, other) is Status.SUCCEEDED and not _held(worker)
 
@@ -116,8 +117,7 @@ def test_a_chained_turn_runs_when_the_worker_stops(harness, loop) -> None:  # ty
     assert _poll_until(worker, loop) == "completed"
     worker.stopping.set()
     worker._claim_loop(0)  # returns once nothing is claimed by this thread
-    expected = Status.SUCCEEDED if harness.transport.shared_database else Status.READY
-    assert sorted(_status(harness, j).value for j in (a, b)) == sorted(["succeeded", expected.value])
+    assert sorted(_status(harness, j).value for j in (a, b)) == ["succeeded", "succeeded"]
     assert not _held(worker)
 
 
@@ -160,10 +160,6 @@ def test_fast_turns_are_claimed_and_committed_in_batches(harness, loop) -> None:
     ids = _submit(harness, 10)
     worker = _fast_worker(harness, batch_max=4)
     assert _poll_until(worker, loop) == "completed"
-    if not harness.transport.shared_database:
-        # Kafka: every turn is committed, then acknowledged, on its own.
-        assert not _held(worker) and _census(harness, ids) == {"succeeded": 1, "ready": 9}
-        return
     # The commit of the first turn claimed the next four: running under their leases.
     assert _held(worker) == 4 and _census(harness, ids) == {"succeeded": 1, "running": 4, "ready": 5}
     assert [worker.poll("t:0", 0, loop) for _ in range(3)] == ["pending"] * 3
@@ -180,23 +176,17 @@ def test_fast_turns_are_claimed_and_committed_in_batches(harness, loop) -> None:
     assert not _held(worker)
 
 
-def _batch_claimed(harness, loop, n: int) -> tuple[list[str], Worker] | None:  # type: ignore[no-untyped-def]
-    """``n`` turns, and a fast worker whose first commit claimed a batch of
-    four; None on Kafka, where nothing is batched (asserted here)."""
+def _batch_claimed(harness, loop, n: int) -> tuple[list[str], Worker]:  # type: ignore[no-untyped-def]
+    """``n`` turns, and a fast worker whose first commit claimed a batch of four."""
     ids = _submit(harness, n)
     worker = _fast_worker(harness, batch_max=4)
     assert _poll_until(worker, loop) == "completed"
-    if not harness.transport.shared_database:
-        assert not _held(worker)
-        return None
+    assert _held(worker) == 4
     return ids, worker
 
 
 def test_a_fenced_turn_in_a_batch_costs_the_others_nothing(harness, loop) -> None:  # type: ignore[no-untyped-def]
-    batched = _batch_claimed(harness, loop, 6)
-    if batched is None:
-        return
-    ids, worker = batched
+    ids, worker = _batch_claimed(harness, loop, 6)
     lane = worker._lanes[0]
     victim = Envelope.from_json(lane.claimed[1][0].raw).job_id
     harness.dispatcher().cancel(victim, "t")  # fences the claimed, not yet started turn
@@ -215,17 +205,13 @@ def test_a_slow_handler_is_never_batched(harness, loop) -> None:  # type: ignore
     for _ in range(10):
         worker.backpressure.record(True, 0.5)  # turns of half a second: one per commit
     assert _poll_until(worker, loop) == "completed"
-    expected = 1 if harness.transport.shared_database else 0
-    assert _held(worker) == expected
+    assert _held(worker) == 1
     while _census(harness, ids) != {"succeeded": 3}:
         _poll_until(worker, loop)
 
 
 def test_turns_held_up_behind_a_stalled_turn_are_taken_by_another_thread(harness, loop) -> None:  # type: ignore[no-untyped-def]
-    batched = _batch_claimed(harness, loop, 6)
-    if batched is None:
-        return
-    ids, worker = batched
+    ids, worker = _batch_claimed(harness, loop, 6)
     lane = worker._lanes[0]
     assert len(lane.claimed) == 4
     # Thread 0 is running a turn that has taken a minute so far: its claimed
@@ -274,25 +260,14 @@ def test_a_hung_turn_does_not_hold_its_batch_back(harness) -> None:  # type: ign
         subs = [Submission(kind="step", payload={"n": i, "hang": i == 3}, tenant="t") for i in range(20)]
         d.submit_many(subs)
         deadline = time.monotonic() + 20
-        if harness.transport.shared_database:
-            while len(done) < 20:  # every turn but the hung one (and the first)
-                assert time.monotonic() < deadline, f"only {sorted(done)} ran while one turn hung"
-                time.sleep(0.01)
-            assert 3 not in done
-        else:
-            # Kafka: never batched (a hung turn holds back its partition, as
-            # consumer groups do, not a batch).
-            time.sleep(1.0)
+        while len(done) < 20:  # every turn but the hung one (and the first)
+            assert time.monotonic() < deadline, f"only {sorted(done)} ran while one turn hung"
+            time.sleep(0.01)
+        assert 3 not in done
     finally:
         gate.set()
         worker.stop(grace_s=10)
-    sample = worker.metrics.registry.get_sample_value
-    if harness.transport.shared_database:
-        assert sorted(done) == list(range(-1, 20))  # the hung turn finished once let go
-    else:
-        assert sample("agent_utilities_dispatch_commit_batch_turns_sum") == sample(
-            "agent_utilities_dispatch_commit_batch_turns_count"
-        )
+    assert sorted(done) == list(range(-1, 20))  # the hung turn finished once let go
 
 
 def test_a_claimed_turn_whose_lease_lapsed_while_it_waited_never_starts(make_harness, loop) -> None:  # type: ignore[no-untyped-def]
@@ -312,9 +287,6 @@ def test_a_claimed_turn_whose_lease_lapsed_while_it_waited_never_starts(make_har
     for _ in range(10):
         worker.backpressure.record(True, 0.0001)
     assert _poll_until(worker, loop) == "completed"
-    if not h.transport.shared_database:
-        assert not _held(worker)  # Kafka: nothing waits in a lane
-        return
     lane = worker._lanes[0]
     waiting = [Envelope.from_json(delivery.raw).job_id for delivery, _ in lane.claimed]
     assert len(waiting) == 2
@@ -331,3 +303,36 @@ def test_a_claimed_turn_whose_lease_lapsed_while_it_waited_never_starts(make_har
     while _census(h, ids) != {"succeeded": 3}:
         _poll_until(worker, loop)
     assert sorted(attempt for job, attempt in started if job in waiting) == [2, 2]
+
+
+def test_a_batch_holds_one_turn_per_session_and_runs_sessions_in_order(harness, loop) -> None:  # type: ignore[no-untyped-def]
+    """Batching keeps the session rule: a lane never holds two turns of one
+    session, every turn runs once, and a session's turns run in submission order."""
+    ran: list[tuple[str, int]] = []
+    reg = Registry()
+
+    @reg.register("step")
+    def step(turn, guard):  # type: ignore[no-untyped-def]
+        ran.append((turn.session_id, turn.payload["n"]))
+        return turn.payload["n"]
+
+    d = harness.dispatcher()
+    subs = [Submission(kind="step", payload={"n": i}, tenant="t", session_id=f"s{i % 3}") for i in range(12)]
+    ids = [h.job_id for h in d.submit_many(subs)]
+    worker = harness.worker(reg, threads=1, batch_max=8, batch_budget_s=5.0)
+    for _ in range(10):
+        worker.backpressure.record(True, 0.0001)
+    biggest = 0
+    deadline = time.monotonic() + 60
+    while _census(harness, ids) != {"succeeded": 12}:
+        assert time.monotonic() < deadline, f"stuck at {_census(harness, ids)}"
+        worker.poll("t:0", 0, loop)
+        lane = worker._lanes.get(0)
+        held = [Envelope.from_json(delivery.raw).session_id for delivery, _ in (lane.claimed if lane else [])]
+        assert len(held) == len(set(held)), f"one lane holds two turns of a session: {held}"
+        biggest = max(biggest, len(held))
+    assert biggest >= 2, "nothing was batched: the test proves nothing"
+    assert sorted(n for _, n in ran) == list(range(12))  # each turn ran once
+    for session in ("s0", "s1", "s2"):
+        mine = [n for s, n in ran if s == session]
+        assert mine == sorted(mine), f"session {session} ran out of order: {mine}"

@@ -76,6 +76,33 @@ def test_a_retry_behind_its_sessions_later_turns_is_handed_out_first(tmp_path: P
         transport.close()
 
 
+def test_a_full_buffer_stops_taking_messages_without_pausing_while_it_drains(tmp_path: Path, broker: Broker) -> None:
+    """Pausing a partition makes the client drop what it fetched (and fetch
+    it again on resume); a buffer that drains steadily must not pause. One that
+    stays full pauses, so that its polls keep it in the group."""
+    transport = KafkaTransport(
+        _settings(tmp_path, broker.bootstrap, agent_turns_partitions=1), buffer_max=4, keepalive_s=0.5, **FAST
+    )
+    try:
+        transport.put_many([_env(f"j{i}", f"s{i}") for i in range(40)])
+        got = [_get(transport, "a:0") for _ in range(40)]
+        assert all(d is not None for d in got)
+        assert sorted(_job(d) or "" for d in got) == sorted(f"j{i}" for i in range(40))
+        consumer = transport._consumers["a:0"]
+        assert consumer.stats()["pauses"] == 0, "a steadily drained buffer paused its partitions"
+        # The owner takes nothing more (its 40 turns run): the keepalive polls
+        # for it, fills the buffer, then pauses rather than take more.
+        transport.put_many([_env(f"k{i}", f"t{i}") for i in range(8)])
+        deadline = time.monotonic() + 15
+        while consumer.stats()["pauses"] == 0:
+            assert time.monotonic() < deadline, "a full buffer was never paused for its liveness polls"
+            time.sleep(0.05)
+        assert consumer.stats()["buffered"] == 4
+        assert consumer.stats()["revocations"] == 0
+    finally:
+        transport.close()
+
+
 def test_failed_first_attempts_do_not_livelock_a_small_buffer(tmp_path: Path, broker: Broker) -> None:
     from agentdispatch.worker import Worker, WorkerOptions
 

@@ -201,6 +201,23 @@ def test_receipt_names_its_owner_and_a_foreign_receipt_is_refused(env: Env) -> N
     assert transport.ack(mine) is False  # once
 
 
+def test_ack_many_commits_a_batch_in_any_order_and_refuses_stale_receipts(env: Env) -> None:
+    settings = env.settings(agent_turns_partitions=2)
+    _store, transport = env.open(settings)
+    transport.put_many([_env(i) for i in range(6)])
+    got = _drain(transport, 6)
+    assert len(got) == 6
+    stale = Delivery(got[0].raw, Receipt("c:0", got[0].receipt.claimed_at + 1, got[0].receipt.ref))
+    # Out of order, with a stale receipt among them: it alone is refused.
+    assert transport.ack_many([*reversed(got[3:]), stale]) == [True, True, True, False]
+    assert transport.ack_many([*got[:3], got[4]]) == [True, True, True, False]  # got[4]: acked already
+    # Nothing is left unacknowledged: the commit points reached the ends of both partitions.
+    deadline = time.monotonic() + 15
+    while transport.depth() != 0:
+        assert time.monotonic() < deadline, f"lag {transport.depth()} after every message was acknowledged"
+        time.sleep(0.05)
+
+
 def test_delivery_failure_raises_to_the_caller_and_the_item_is_healed(env: Env) -> None:
     settings = env.settings()
     store, transport = env.open(settings, timeout_s=2.0)

@@ -27,7 +27,7 @@ from ..envelope import Envelope
 from ..errors import AgentDispatchError, QueueFull, TaskQueueUnavailable
 from ..quietlogs import demote
 from ..settings import KAFKA_GROUP, KAFKA_TOPIC, Settings
-from .base import Delivery, ack_each, get_each
+from .base import Delivery, get_each
 from .kafka_admin import TopicAdmin, TopicMissing
 from .kafka_consumer import SEQ_HEADER, OwnedConsumer
 from .kafka_producer import CoalescingProducer, GroupCommit, message_key
@@ -62,7 +62,10 @@ class KafkaTransport:
         group: str = KAFKA_GROUP,
         redeliver_after_s: float | None = None,
         max_poll_interval_ms: int = 60_000,
-        session_timeout_ms: int = 10_000,
+        # The lowest a default Apache Kafka broker accepts (group.min.session.timeout.ms):
+        # a dead member's partitions move on sooner, and a broker that holds a
+        # new member's JoinGroup for part of it lets the first turn start sooner.
+        session_timeout_ms: int = 6_000,
         timeout_s: float = 10.0,
         linger_s: float = 0.0,
         coalesce: bool = True,
@@ -260,7 +263,9 @@ class KafkaTransport:
         with self._lock:
             oc = self._consumers.get(owner)
             if oc is None or oc.closed:
-                oc = OwnedConsumer(owner, self._consumer_config, self.topic, buffer_max=self.buffer_max)
+                oc = OwnedConsumer(
+                    owner, self._consumer_config, self.topic, buffer_max=self.buffer_max, poll_every_s=self.keepalive_s
+                )
                 self._consumers[owner] = oc
             if self._keepalive is None:
                 self._keepalive = threading.Thread(target=self._keepalive_loop, name="kafka-keepalive", daemon=True)
@@ -295,7 +300,20 @@ class KafkaTransport:
         return get_each(self, owner, n, visibility_s=visibility_s)
 
     def ack_many(self, deliveries: Sequence[Delivery]) -> list[bool]:
-        return ack_each(self, deliveries)
+        """:meth:`ack` for each, one offset commit per consumer."""
+        by_owner: dict[str, list[int]] = {}
+        for i, d in enumerate(deliveries):
+            by_owner.setdefault(d.receipt.owner, []).append(i)
+        out = [False] * len(deliveries)
+        for owner, idx in by_owner.items():
+            with self._lock:
+                oc = self._consumers.get(owner)
+            if oc is None:
+                continue
+            for i, ok in zip(idx, oc.ack_many([deliveries[i].receipt for i in idx]), strict=True):
+                out[i] = ok
+        self._auto_relay()  # the commits before these acks may have written outbox rows
+        return out
 
     def release(self, delivery: Delivery, delay_s: float) -> None:
         """Hold the message, uncommitted, in its consumer for ``delay_s``."""

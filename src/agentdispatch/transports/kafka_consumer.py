@@ -110,10 +110,14 @@ def _entry(msg: Message) -> _Entry:
 class OwnedConsumer:
     """The consumer of one owner. Every method takes ``self.lock``."""
 
-    def __init__(self, owner: str, config: dict[str, Any], topic: str, *, buffer_max: int) -> None:
+    def __init__(
+        self, owner: str, config: dict[str, Any], topic: str, *, buffer_max: int, poll_every_s: float = 1.0
+    ) -> None:
         self.owner = owner
         self.topic = topic
         self.buffer_max = buffer_max
+        self.poll_every_s = poll_every_s
+        self.pauses = 0
         self.incarnation = next(_SEQ)
         self.lock = threading.RLock()
         self.closed = False
@@ -169,8 +173,13 @@ class OwnedConsumer:
             self._committed.pop(p, None)
 
     # -- fetching --------------------------------------------------------------
-    def _poll(self, timeout: float) -> None:
-        """One poll; buffers what arrives (also called by the keepalive)."""
+    def _poll(self, timeout: float) -> bool:
+        """One poll; buffers what arrives (also called by the keepalive).
+        False when it did not poll: the buffer is full and the group needs
+        no sign of life yet (the messages wait in the client's own queue)."""
+        room = min(self.buffer_max - self._runnable(time.monotonic()), self.hard_max - self._buffered)
+        if not self._throttle(room):
+            return False
         msg = self._c.poll(timeout)
         self.last_poll = time.monotonic()
         fetched = 0
@@ -184,10 +193,10 @@ class OwnedConsumer:
                 self._eof.add(int(msg.partition() or 0))
             # else transient (broker restart, rebalance): librdkafka recovers
             fetched += 1
-            if fetched >= self.buffer_max or self._buffered >= self.hard_max:
+            if fetched >= room:
                 break
             msg = self._c.poll(0)  # drain what is already fetched, without waiting
-        self._backpressure()
+        return True
 
     def _add(self, e: _Entry) -> None:
         if e.partition not in self.assigned:
@@ -222,19 +231,28 @@ class OwnedConsumer:
         """Sessions whose first message may run now (what ``buffer_max`` bounds)."""
         return sum(1 for q in self._groups.values() if q[0].visible_at <= now)
 
-    def _backpressure(self) -> None:
-        # A full buffer pauses fetching; the consumer keeps polling (staying a
-        # live group member) and resumes once the buffer drains to half.
+    def _throttle(self, room: int) -> bool:
+        """Whether to poll now, pausing or resuming the partitions first.
+
+        A full buffer stops taking messages from the client, whose queue keeps
+        them (bounded by ``queued.max.messages.kbytes``). Pausing instead made
+        the client drop everything it had fetched and fetch it again on
+        resume, once per buffer's worth: most of a drain's time. It pauses
+        only when the buffer stays full for ``poll_every_s``: then a poll must
+        keep the consumer a live group member, and must not bring messages."""
         parts = [TopicPartition(self.topic, p) for p in sorted(self.assigned)]
-        if not parts:
-            return
-        runnable = self._runnable(time.monotonic())
-        if not self._paused and (runnable >= self.buffer_max or self._buffered >= self.hard_max):
+        if room > 0:
+            if self._paused and parts:
+                self._c.resume(parts)
+            self._paused = False
+            return True
+        if time.monotonic() - self.last_poll < self.poll_every_s:
+            return False
+        if not self._paused and parts:
             self._c.pause(parts)
             self._paused = True
-        elif self._paused and runnable <= self.buffer_max // 2 and self._buffered < self.hard_max:
-            self._c.resume(parts)
-            self._paused = False
+            self.pauses += 1
+        return True
 
     def _warm(self, now: float) -> bool:
         # Right after an assignment partitions start fetching one by one; wait
@@ -271,8 +289,10 @@ class OwnedConsumer:
         """Hand out one message, polling up to ``wait_s`` for one."""
         deadline = time.monotonic() + wait_s
         polled = False
-        with self.lock:
-            while not self.closed:
+        while True:
+            with self.lock:
+                if self.closed:
+                    return None
                 now = time.monotonic()
                 e = self._pick(now, time.time()) if self._warm(now) else None
                 if e is not None:
@@ -285,9 +305,12 @@ class OwnedConsumer:
                 remaining = deadline - now
                 if remaining <= 0 and polled:
                     return None
-                self._poll(min(max(remaining, 0.0), 0.1))  # at least one poll, even with wait_s=0
                 polled = True
-        return None
+                if self._poll(min(max(remaining, 0.0), 0.1)):  # at least one try, even with wait_s=0
+                    continue
+            # A full buffer of turns that cannot run now: wait for an ack or a
+            # release (outside the lock, which they take) or a due poll.
+            time.sleep(min(max(remaining, 0.0), 0.01))
 
     # -- acknowledgement -------------------------------------------------------
     def _owned(self, receipt: Receipt) -> _Entry | None:
@@ -302,22 +325,43 @@ class OwnedConsumer:
 
     def ack(self, receipt: Receipt) -> bool:
         """Commit past the message if this receipt still owns it."""
+        return self.ack_many([receipt])[0]
+
+    def ack_many(self, receipts: list[Receipt]) -> list[bool]:
+        """:meth:`ack` for each receipt, behind one offset commit for all
+        their partitions (a commit per message was a broker request each)."""
         with self.lock:
-            e = self._owned(receipt)
-            if e is None:
-                return False
-            del self._inflight[(e.partition, e.offset)]
-            pending = self._outstanding.get(e.partition, set())
-            pending.discard(e.offset)
-            target = min(pending) if pending else self._next.get(e.partition, e.offset + 1)
-            if target > self._committed.get(e.partition, -1):
-                self._committed[e.partition] = target
-                try:
-                    self._c.commit(offsets=[TopicPartition(self.topic, e.partition, target)], asynchronous=True)
-                except Exception:
-                    # Not committed: the message is redelivered and skipped (terminal).
-                    self._committed.pop(e.partition, None)
-            return True
+            out: list[bool] = []
+            touched: set[int] = set()
+            for receipt in receipts:
+                e = self._owned(receipt)
+                out.append(e is not None)
+                if e is None:
+                    continue
+                del self._inflight[(e.partition, e.offset)]
+                self._outstanding.get(e.partition, set()).discard(e.offset)
+                touched.add(e.partition)
+            self._commit(touched)
+            return out
+
+    def _commit(self, parts: set[int]) -> None:
+        """Move each partition's commit point to its lowest unacknowledged offset."""
+        moved: dict[int, int] = {}
+        for p in sorted(parts):
+            pending = self._outstanding.get(p)
+            target = min(pending) if pending else self._next.get(p, 0)
+            if target > self._committed.get(p, -1):
+                moved[p] = target
+        if not moved:
+            return
+        self._committed.update(moved)
+        try:
+            offsets = [TopicPartition(self.topic, p, off) for p, off in moved.items()]
+            self._c.commit(offsets=offsets, asynchronous=True)
+        except Exception:
+            # Not committed: the messages are redelivered and skipped (terminal).
+            for p in moved:
+                self._committed.pop(p, None)
 
     def release(self, receipt: Receipt, delay_s: float) -> bool:
         """Put the message back in the buffer, uncommitted, for ``delay_s``."""
@@ -373,6 +417,7 @@ class OwnedConsumer:
                 "inflight": len(self._inflight),
                 "assignments": self.assignments,
                 "revocations": self.revocations,
+                "pauses": self.pauses,
             }
 
     def close(self) -> None:
