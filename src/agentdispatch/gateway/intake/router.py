@@ -81,7 +81,8 @@ class Intake:
         abandoned = threading.Event()
         fut = asyncio.get_running_loop().run_in_executor(self.pool, fn, abandoned)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), self.services.settings.intake_commit_timeout_s)
+            async with asyncio.timeout(self.services.settings.intake_commit_timeout_s):
+                return await asyncio.shield(fut)
         except TimeoutError:
             abandoned.set()
             fut.add_done_callback(lambda f: f.exception())  # consumed: no "never retrieved" noise
@@ -110,6 +111,7 @@ class Intake:
 
     async def record(self, inc: Incoming, rejected: Answer) -> Answer:
         s = self.services.settings
+        deadline = time.monotonic() + s.intake_commit_timeout_s
         try:
             return await self.db(
                 lambda abandoned: admit(
@@ -119,6 +121,7 @@ class Intake:
                     max_attempts=s.max_attempts,
                     rejected=rejected,
                     abandoned=abandoned,
+                    deadline=deadline,
                 )
             )
         except BacklogFull:
