@@ -15,7 +15,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agentdispatch.gateway.intake import twilio
 from e2e.gatewayproc import Gateway
 from intake.kit import (
     ACCOUNT,
@@ -35,6 +34,7 @@ from intake.kit import (
     slack_headers,
     sms_params,
     tg_update,
+    twilio_sign,
 )
 
 
@@ -113,6 +113,7 @@ def test_url_verification_only_when_signed(live: Live) -> None:
     assert ok.status_code == 200 and ok.json() == {"challenge": "ch-123"}
     bad = live.c.post(f"/intake/slack/{APP}", content=body, headers=slack_headers(body, secret="nope"))
     assert bad.status_code == 401 and "ch-123" not in bad.text
+    assert bad.headers["content-type"] == "application/json" and bad.json()["error"] == "unauthorized"
     assert count(live.data, "SELECT count(*) FROM work_items") == before
 
 
@@ -154,7 +155,9 @@ def test_concurrent_delivery_and_retry(live: Live) -> None:
 
 
 def test_telegram_secret_and_exact_update_ids(live: Live) -> None:
-    assert post_tg(live.c, tg_update(900), secret="wrong").status_code == 401
+    refused = post_tg(live.c, tg_update(900), secret="wrong")
+    assert refused.status_code == 401 and refused.headers["content-type"] == "application/json"
+    assert refused.json()["error"] == "unauthorized"
     assert live.c.post(f"/intake/telegram/{TG_BOT}", content=tg_update(900)).status_code == 401
     assert receipts(live, f"{TG_BOT}:900") == 0
     assert post_tg(live.c, tg_update(900)).status_code == 200
@@ -168,10 +171,12 @@ def test_twilio_sms_signature_host_and_json(live: Live) -> None:
     assert post_twilio(live.c, "sms", sms_params("SMq1"), query="x=1").status_code == 200
     # The Host header is not part of what we check: a proxy rewriting it changes nothing.
     assert post_twilio(live.c, "sms", sms_params("SMh1"), host="internal.proxy:9000").status_code == 200
-    assert post_twilio(live.c, "sms", sms_params("SMbad"), token="wrong").status_code == 403
+    forbidden = post_twilio(live.c, "sms", sms_params("SMbad"), token="wrong")
+    assert forbidden.status_code == 403 and forbidden.headers["content-type"] == "application/json"
+    assert forbidden.json() == {"status": "error", "error": "forbidden", "message": "invalid Twilio signature"}
     # Signed for another public URL (wrong scheme) than the configured one: refused.
     params = sms_params("SMscheme")
-    sig = twilio.sign(TWILIO_TOKEN, PUBLIC.replace("https", "http") + f"/intake/twilio/{ACCOUNT}/sms", params)
+    sig = twilio_sign(TWILIO_TOKEN, PUBLIC.replace("https", "http") + f"/intake/twilio/{ACCOUNT}/sms", params)
     r = live.c.post(f"/intake/twilio/{ACCOUNT}/sms", data=dict(params), headers={"X-Twilio-Signature": sig})
     assert r.status_code == 403
     assert post_twilio(live.c, "sms", sms_params("SMq1"), query="x=1").status_code == 200
@@ -181,7 +186,7 @@ def test_twilio_sms_signature_host_and_json(live: Live) -> None:
                        "Body": "json"}).encode()  # fmt: skip
     query = f"bodySHA256={hashlib.sha256(body).hexdigest()}"
     url = f"{PUBLIC}/intake/twilio/{ACCOUNT}/sms?{query}"
-    headers = {"X-Twilio-Signature": twilio.sign(TWILIO_TOKEN, url), "Content-Type": "application/json"}
+    headers = {"X-Twilio-Signature": twilio_sign(TWILIO_TOKEN, url), "Content-Type": "application/json"}
     assert live.c.post(f"/intake/twilio/{ACCOUNT}/sms?{query}", content=body, headers=headers).status_code == 200
     assert items_of(live, f"{ACCOUNT}:SMjson") == 1
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from twilio.twiml import TwiML
+from twilio.twiml.messaging_response import MessagingResponse
+
 
 @dataclass(frozen=True)
 class Answer:
@@ -16,7 +19,8 @@ class Answer:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-EMPTY_TWIML = '<?xml version="1.0" encoding="UTF-8"?><Response/>'
+#: An empty TwiML document (SMS: nothing to say now; the reply goes by the API).
+EMPTY_TWIML = str(MessagingResponse())
 
 
 def ok() -> Answer:
@@ -24,8 +28,6 @@ def ok() -> Answer:
     return Answer(200)
 
 
-def twiml(body: str = "") -> Answer:
+def twiml(document: TwiML | None = None) -> Answer:
     """200 with TwiML (Twilio expects a TwiML document in the answer)."""
-    if not body:
-        return Answer(200, "text/xml", EMPTY_TWIML)
-    return Answer(200, "text/xml", f'<?xml version="1.0" encoding="UTF-8"?><Response>{body}</Response>')
+    return Answer(200, "text/xml", EMPTY_TWIML if document is None else str(document))

@@ -29,13 +29,20 @@ class CapacityBusy(Exception):
     """No running-turn slot within the wait budget: retried later."""
 
 
-def echo_responder(ctx: p.Context) -> str:
-    """The built-in responder: acknowledges what it was asked (demos, tests)."""
-    return "received: " + " / ".join(ctx.texts)
+#: What the built-in responder says, whatever the customer wrote.
+ACKNOWLEDGEMENT = "Thanks, we have received your message."
+
+
+def acknowledge(ctx: p.Context) -> str:
+    """The built-in responder: a neutral acknowledgement. It never repeats the
+    customer's words (an echo sends their text, perhaps personal data or a
+    prompt injection, back out under the bot's name). Give ``build_handler``
+    a responder of your own to answer for real."""
+    return ACKNOWLEDGEMENT
 
 
 def build_handler(
-    respond: p.Respond = echo_responder,
+    respond: p.Respond = acknowledge,
     engage: p.Engage = p.default_engage,
     settings: Settings | None = None,
 ) -> Handler:
@@ -49,7 +56,7 @@ def build_handler(
 
 
 def intake_turn(turn: Turn, guard: LeaseGuard) -> Any:
-    """The default ``intake_turn`` (echo responder, mentions + DMs engage)."""
+    """The default ``intake_turn`` (neutral acknowledgement, mentions + DMs engage)."""
     return build_handler()(turn, guard)
 
 

@@ -18,10 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 
 from ..auth import authenticate
-from ..errors import RETRY_AFTER_S, ApiError, is_outage
+from ..errors import RETRY_AFTER_S, ApiError, error_body, is_outage
 from ..services import Services
 from . import slack, telegram, twilio
 from .admin import MAX_MESSAGES, messages
@@ -49,6 +49,15 @@ class Unavailable(Exception):
 
 def _send(answer: Answer) -> Response:
     return Response(answer.body, status_code=answer.status, media_type=answer.media_type, headers=answer.headers)
+
+
+#: Error codes of the refusals, by HTTP status.
+_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 408: "timeout", 413: "too_large"}
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    """A refusal in the gateway's one error shape (JSON, with its content type)."""
+    return JSONResponse(error_body(_CODES.get(status, "error"), message), status_code=status, headers=headers)
 
 
 class Intake:
@@ -81,7 +90,8 @@ class Intake:
         abandoned = threading.Event()
         fut = asyncio.get_running_loop().run_in_executor(self.pool, fn, abandoned)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), self.services.settings.intake_commit_timeout_s)
+            async with asyncio.timeout(self.services.settings.intake_commit_timeout_s):
+                return await asyncio.shield(fut)
         except TimeoutError:
             abandoned.set()
             fut.add_done_callback(lambda f: f.exception())  # consumed: no "never retrieved" noise
@@ -110,6 +120,7 @@ class Intake:
 
     async def record(self, inc: Incoming, rejected: Answer) -> Answer:
         s = self.services.settings
+        deadline = time.monotonic() + s.intake_commit_timeout_s
         try:
             return await self.db(
                 lambda abandoned: admit(
@@ -119,6 +130,7 @@ class Intake:
                     max_attempts=s.max_attempts,
                     rejected=rejected,
                     abandoned=abandoned,
+                    deadline=deadline,
                 )
             )
         except BacklogFull:
@@ -133,7 +145,9 @@ class Intake:
 def _unavailable(answer: Answer | None = None, reason: str = "unavailable") -> Response:
     if answer is not None:
         return _send(answer)
-    return Response(f"{reason}, retry later", status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)})
+    return JSONResponse(
+        error_body(reason, f"{reason}, retry later"), status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)}
+    )
 
 
 def _digest_source(prefix: str, body: bytes) -> str:
@@ -152,7 +166,7 @@ def build_router(services: Services) -> APIRouter:
             body = await intake.body(request)
             insts = await intake.installations("slack", app_id)
         except BodyRejected as exc:
-            return Response(str(exc), status_code=exc.status, headers=no_retry)
+            return _error(exc.status, str(exc), no_retry)
         except Unavailable:
             return _unavailable()
         now = time.time()
@@ -162,10 +176,10 @@ def build_router(services: Services) -> APIRouter:
 
         verified = [i for i in insts if _try(signed(i))]
         if not verified:
-            return Response("invalid signature", status_code=401)
+            return _error(401, "invalid Slack signature or timestamp")
         doc = slack.parse(body)
         if doc is not None and doc.get("type") == "url_verification":
-            return Response(_json({"challenge": str(doc.get("challenge", ""))}), media_type="application/json")
+            return JSONResponse({"challenge": str(doc.get("challenge", ""))})
         retry = int(request.headers.get("x-slack-retry-num", "0") or 0)
         reason_hdr = request.headers.get("x-slack-retry-reason")
         rejected = Answer(200, headers=no_retry)
@@ -195,12 +209,12 @@ def build_router(services: Services) -> APIRouter:
             body = await intake.body(request)
             insts = [i for i in await intake.installations("telegram", bot_id) if i["external_id"] == bot_id]
         except BodyRejected as exc:
-            return Response(str(exc), status_code=exc.status)
+            return _error(exc.status, str(exc))
         except Unavailable:
             return _unavailable()
         inst = insts[0] if insts else None
         if inst is None or not _try(lambda: telegram.verify(intake.secrets(inst)["secret_token"], request.headers)):
-            return Response("invalid secret token", status_code=401)
+            return _error(401, "invalid Telegram secret token")
         doc = telegram.parse(body)
         if doc is None:
             inc = Incoming(
@@ -219,7 +233,7 @@ def build_router(services: Services) -> APIRouter:
             body = await intake.body(request)
             insts = await intake.installations("twilio", account)
         except BodyRejected as exc:
-            return Response(str(exc), status_code=exc.status)
+            return _error(exc.status, str(exc))
         except Unavailable:
             return _unavailable()
         query = request.url.query
@@ -228,10 +242,10 @@ def build_router(services: Services) -> APIRouter:
             if _try(lambda: twilio.verify(intake.secrets(inst)["auth_token"], url, request.headers, body)):  # noqa: B023
                 params = twilio.params_of(body, url)
                 if params is None or params.get("AccountSid") != account:
-                    return Response("malformed", status_code=400)
+                    return _error(400, "malformed Twilio parameters")
                 match = next((i for i in insts if i["external_id"] == f"{account}:{params.get('To', '')}"), inst)
                 return body, match, params
-        return Response("invalid signature", status_code=403)
+        return _error(403, "invalid Twilio signature")
 
     @router.post("/twilio/{account}/sms", include_in_schema=False)
     async def twilio_sms(account: str, request: Request) -> Response:
@@ -326,9 +340,3 @@ def _try(check: Callable[[], bool]) -> bool:
     except (CredentialError, KeyError):
         log.warning("intake: an installation's credentials cannot be opened")
         return False
-
-
-def _json(data: dict[str, str]) -> str:
-    import json
-
-    return json.dumps(data)

@@ -1,15 +1,15 @@
-"""Twilio SMS and voice webhooks: ``X-Twilio-Signature`` over the configured
-public URL (never the incoming Host header), and normalisation."""
+"""Twilio SMS and voice webhooks: ``X-Twilio-Signature`` checked by twilio's
+``RequestValidator`` over the configured public URL (never the incoming Host
+header), normalisation, and TwiML answers built with twilio's TwiML classes."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from urllib.parse import parse_qsl, urlsplit
-from xml.sax.saxutils import escape
+
+from twilio.request_validator import RequestValidator
+from twilio.twiml.voice_response import Gather, VoiceResponse
 
 from .answers import Answer, twiml
 from .envelope import IntakeEnvelope, Rejection
@@ -17,10 +17,18 @@ from .envelope import IntakeEnvelope, Rejection
 HEADER = "x-twilio-signature"
 
 
-def sign(auth_token: str, url: str, params: Sequence[tuple[str, str]] = ()) -> str:
-    """The signature Twilio sends: HMAC-SHA1 of the URL plus sorted name+value pairs."""
-    data = url + "".join(k + v for k, v in sorted(params))
-    return base64.b64encode(hmac.new(auth_token.encode(), data.encode(), hashlib.sha1).digest()).decode()
+class _Params(dict[str, str]):
+    """Form parameters for the validator; a name sent more than once keeps
+    every value (the validator signs each)."""
+
+    def __init__(self, pairs: list[tuple[str, str]]) -> None:
+        super().__init__(pairs)
+        self._all: dict[str, list[str]] = {}
+        for k, v in pairs:
+            self._all.setdefault(k, []).append(v)
+
+    def getall(self, name: str) -> list[str]:
+        return self._all[name]
 
 
 def form(body: bytes) -> list[tuple[str, str]] | None:
@@ -37,16 +45,16 @@ def verify(auth_token: str, url: str, headers: Mapping[str, str], body: bytes) -
     sig = headers.get(HEADER, "")
     if not sig or not auth_token:
         return False
-    query = dict(parse_qsl(urlsplit(url).query, keep_blank_values=True))
-    if "bodySHA256" in query:
-        digest = hashlib.sha256(body).hexdigest()
-        if not hmac.compare_digest(digest.encode(), query["bodySHA256"].encode()):
+    validator = RequestValidator(auth_token)
+    if "bodySHA256" in dict(parse_qsl(urlsplit(url).query, keep_blank_values=True)):
+        try:
+            return bool(validator.validate(url, body.decode(), sig))
+        except UnicodeDecodeError:
             return False
-        return hmac.compare_digest(sign(auth_token, url).encode(), sig.encode())
     params = form(body)
     if params is None:
         return False
-    return hmac.compare_digest(sign(auth_token, url, params).encode(), sig.encode())
+    return bool(validator.validate(url, _Params(params), sig))
 
 
 def params_of(body: bytes, url: str) -> dict[str, str] | None:
@@ -111,16 +119,25 @@ def voice(p: Mapping[str, str], installation: str, step: int) -> IntakeEnvelope 
 
 def gather(base: str, step: int, say: str) -> Answer:
     """Say something and listen for the caller's next words (the next step)."""
-    action = escape(f"{base}/voice?step={step}")
-    return twiml(f'<Gather input="speech" method="POST" action="{action}"><Say>{escape(say)}</Say></Gather>')
+    response = VoiceResponse()
+    listen = Gather(input="speech", method="POST", action=f"{base}/voice?step={step}")
+    listen.say(say)
+    response.append(listen)
+    return twiml(response)
 
 
 def hold(base: str, call: str, step: int, poll: int) -> Answer:
     """A short pause, then ask again whether the turn has its reply."""
-    target = escape(f"{base}/voice/status?step={step}&call={call}&poll={poll}")
-    return twiml(f'<Say>One moment.</Say><Pause length="2"/><Redirect method="POST">{target}</Redirect>')
+    response = VoiceResponse()
+    response.say("One moment.")
+    response.pause(length=2)
+    response.redirect(f"{base}/voice/status?step={step}&call={call}&poll={poll}", method="POST")
+    return twiml(response)
 
 
 def apology(say: str = "Sorry, we cannot take your call right now. Please try again later.") -> Answer:
     """Explain and hang up (input that can never be accepted)."""
-    return twiml(f"<Say>{escape(say)}</Say><Hangup/>")
+    response = VoiceResponse()
+    response.say(say)
+    response.hangup()
+    return twiml(response)
