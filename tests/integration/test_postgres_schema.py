@@ -24,6 +24,8 @@ EXPECTED: dict[str, list[str]] = {
         "agent_id", "intake_attempts", "turn_attempts",
         # A turn's checkpoint.
         "checkpoint",
+        # A submission's own execution timeout.
+        "timeout_s",
     ],
     "dispatch_depth": ["slot", "n"],
     "work_dependencies": ["depends_on", "job_id"],
