@@ -136,14 +136,18 @@ class LosingProxy:
             conn.settimeout(60)
             up.settimeout(60)
             while True:
+                # A whole request: the client may send its head and body in
+                # separate segments, and the gateway answers only after both.
                 try:
-                    data = conn.recv(65536)
+                    request = _read_message(conn)
                 except OSError:
                     return
-                if not data:
+                if request is None:
                     return
-                up.sendall(data)
-                answer = _read_response(up)
+                up.sendall(request)
+                answer = _read_message(up)
+                if answer is None:
+                    return
                 if drop:
                     return  # served upstream; the caller's connection just closes
                 conn.sendall(answer)
@@ -152,17 +156,24 @@ class LosingProxy:
         self.sock.close()
 
 
-def _read_response(up: socket.socket) -> bytes:
+def _read_message(sock: socket.socket) -> bytes | None:
+    """One HTTP/1.1 message with a Content-Length body (None: the peer closed first)."""
     buf = b""
     while b"\r\n\r\n" not in buf:
-        buf += up.recv(65536)
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        buf += chunk
     head, _, rest = buf.partition(b"\r\n\r\n")
     length = 0
     for line in head.split(b"\r\n"):
         if line.lower().startswith(b"content-length:"):
             length = int(line.split(b":")[1])
     while len(rest) < length:
-        rest += up.recv(65536)
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        rest += chunk
     return head + b"\r\n\r\n" + rest
 
 
