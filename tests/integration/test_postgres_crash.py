@@ -71,7 +71,7 @@ def test_sigkill_storm_and_database_restart_lose_nothing(tmp_path: Path) -> None
     by_status = {s.value: statuses.count(s) for s in set(statuses)}
     print(
         f"\npostgres crash: turns={turns} kills={kills} pg_restart={restarted} ({restart_s:.1f} s) lost={lost} "
-        f"duplicates={report.duplicate_effects} overlaps={len(report.overlaps)} "
+        f"duplicates={report.duplicate_effects} overlaps={len(report.overlaps)} takeovers={len(report.takeovers)} "
         f"out_of_order={len(report.out_of_order)} executions={report.starts} by_status={by_status}"
     )
     h.close()

@@ -70,7 +70,7 @@ def test_sigkill_storm_loses_nothing_and_never_duplicates(tmp_path: Path) -> Non
     lost = sum(1 for s in statuses if not s.terminal)
     print(
         f"\nsqlite crash: turns={turns} kills={kills} lost={lost} "
-        f"duplicates={report.duplicate_effects} overlaps={len(report.overlaps)} "
+        f"duplicates={report.duplicate_effects} overlaps={len(report.overlaps)} takeovers={len(report.takeovers)} "
         f"out_of_order={len(report.out_of_order)} executions={report.starts} "
         f"by_status={ {s.value: statuses.count(s) for s in set(statuses)} }"
     )
