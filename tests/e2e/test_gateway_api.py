@@ -189,6 +189,8 @@ def test_readyz_and_topology(api: httpx.Client) -> None:
     assert ready.status_code == 200 and ready.json()["checks"] == {"store": "ok", "transport": "ok"}
     assert api.get("/healthz").json() == {"status": "ok"}
     assert api.get("/api/fleet/topology").headers["cache-control"] == "no-store"
+    overview = api.get("/api/overview")
+    assert overview.headers["cache-control"] == "no-store" and "counts" in overview.json()
 
 
 def test_topology_shows_live_workers_and_only_the_callers_sessions(gw: Gateway, harness: Harness) -> None:

@@ -89,12 +89,12 @@ def build_router(services: Services, caller_dep: Any) -> APIRouter:
         return Response(scrape(services, tenant), media_type=CONTENT_TYPE_LATEST, headers=NO_STORE)
 
     @router.get("/api/overview", tags=["ops"], summary="Dashboard summary")
-    def overview(caller: CallerDep) -> dict[str, Any]:
+    def overview(caller: CallerDep) -> JSONResponse:
         """Depth per backend, jobs per status for the caller's tenant, fleet totals."""
         counts = services.store.counts(caller.tenant)
         workers = services.store.workers()
         active = sum(counts.get(s.value, 0) for s in (Status.SUBMITTED, Status.READY))
-        return {
+        body = {
             "tenant": caller.tenant,
             "backend": services.transport.name,
             "depth": {
@@ -106,6 +106,7 @@ def build_router(services: Services, caller_dep: Any) -> APIRouter:
             "workers": {"live": len(workers), "capacity": sum(w.capacity for w in workers)},
             "auth": services.auth,
         }
+        return JSONResponse(body, headers=NO_STORE)
 
     @router.get("/healthz", tags=["ops"], summary="Liveness: the process answers")
     def healthz() -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 
 from ..dispatch import Dispatcher
@@ -32,8 +31,6 @@ class Services:
     dispatcher: Dispatcher
     metrics: Metrics = field(default_factory=Metrics)
     auth: bool = True
-    #: Serialises metric refresh + render: the registry is shared by scrapes.
-    metrics_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def open(cls, settings: Settings, *, auth: bool = True) -> Services:
