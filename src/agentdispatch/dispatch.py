@@ -17,7 +17,7 @@ from .envelope import MAX_PAYLOAD_BYTES, JobHandle, new_job_id
 from .errors import InvalidInput, PayloadTooLarge, TaskQueueUnavailable
 from .settings import Settings
 from .stores.base import JobFilter, NewJob, Store
-from .transports.base import Transport
+from .transports.base import Sender
 from .waiting import wait_view
 from .workitem import Status, WorkItem
 
@@ -209,7 +209,7 @@ class Dispatcher:
     def __init__(
         self,
         store: Store,
-        transport: Transport,
+        transport: Sender,
         settings: Settings,
         *,
         known_kinds: Iterable[str] | None = None,

@@ -7,7 +7,7 @@ import secrets
 import socket
 from typing import Any
 
-from .stores.base import Store, WorkerRow
+from .stores.base import Fleet, WorkerRow
 
 LIVE_FOR_S = 90.0
 
@@ -23,7 +23,7 @@ def host_label() -> str:
 
 
 def topology(
-    store: Store, *, tenant_sessions: set[str] | None = None, limit: int = 200, offset: int = 0
+    store: Fleet, *, tenant_sessions: set[str] | None = None, limit: int = 200, offset: int = 0
 ) -> dict[str, Any]:
     """The ``/api/fleet/topology`` document. With ``tenant_sessions`` given,
     only those sessions are shown in ``active_sessions``."""

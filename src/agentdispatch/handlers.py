@@ -19,7 +19,7 @@ from .workitem import Outcome, WorkItem
 
 if TYPE_CHECKING:
     from .lease import LeaseGuard
-    from .stores.base import Store
+    from .stores.base import Jobs
 
 ENTRY_POINT_GROUP = "agentdispatch.handlers"
 log = logging.getLogger("agentdispatch.handlers")
@@ -104,7 +104,7 @@ def run_handler(fn: Handler, turn: Turn, guard: LeaseGuard, loop: asyncio.Abstra
     return result
 
 
-def turn_of(item: WorkItem, store: Store | None = None) -> Turn:
+def turn_of(item: WorkItem, store: Jobs | None = None) -> Turn:
     """What the handler of ``item`` receives (its parents' results read from
     ``store`` when it has dependencies)."""
     return Turn(
@@ -166,7 +166,7 @@ def outcome_of(
         return failure_outcome(exc)
 
 
-def parent_results(store: Store, item: WorkItem) -> dict[str, Any]:
+def parent_results(store: Jobs, item: WorkItem) -> dict[str, Any]:
     """The results of ``item``'s parents, read from the store (a parent that
     vanished reads as None)."""
     out: dict[str, Any] = {}

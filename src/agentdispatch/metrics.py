@@ -24,7 +24,7 @@ from prometheus_client.metrics_core import Metric
 from .fleet import LIVE_FOR_S
 
 if TYPE_CHECKING:
-    from .stores.base import Store
+    from .stores.base import Fleet
     from .transports.base import Transport
 
 log = logging.getLogger("agentdispatch.metrics")
@@ -131,7 +131,7 @@ class FleetCollector:
 
     def __init__(
         self,
-        backends: Callable[[], tuple[Store, Transport]],
+        backends: Callable[[], tuple[Fleet, Transport]],
         *,
         tenant: str | None = None,
         clock: Callable[[], float] = time.time,

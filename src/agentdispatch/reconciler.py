@@ -6,19 +6,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Protocol
 
 from .dispatch import Dispatcher
 from .errors import AgentDispatchError
 from .policy import sweep_every
 from .schedules import FIRE_EVERY_S, Schedules
 from .settings import Settings, load_settings
-from .stores.base import Store, SweepReport
-from .transports.base import Transport
+from .stores.base import Outbox, Repair, Store, SweepReport
+from .transports.base import Sender, Transport
 
 log = logging.getLogger("agentdispatch.reconciler")
 
 
-def reconcile_once(store: Store, transport: Transport) -> SweepReport:
+class Repairable(Repair, Outbox, Protocol):
+    """What one reconciler pass uses: the sweep, and the outbox it publishes."""
+
+
+def reconcile_once(store: Repairable, transport: Sender) -> SweepReport:
     """One pass: repair the store, then publish whatever it re-enqueued."""
     report = store.sweep(redeliver_after_s=transport.redeliver_after_s)
     transport.relay(store)

@@ -179,6 +179,12 @@ class Worker:
             self._beat(force=True)
 
     # -- the claim loop -----------------------------------------------------
+    def lane(self, index: int) -> Lane | None:
+        """The turns claim thread ``index`` holds (claimed and not started,
+        finished and not committed), or None before its first claim: for tests
+        and debugging; the worker's own threads change it."""
+        return self._lanes.get(index)
+
     def _lane(self, index: int) -> Lane:
         lane = self._lanes.get(index)
         if lane is None:

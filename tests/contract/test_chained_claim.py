@@ -18,6 +18,7 @@ from agentdispatch import Status, Submission
 from agentdispatch.envelope import Envelope
 from agentdispatch.errors import TaskQueueUnavailable
 from agentdispatch.handlers import Registry, builtins
+from agentdispatch.lanes import Lane
 from agentdispatch.transports.base import Delivery
 from agentdispatch.worker import Worker
 
@@ -48,10 +49,16 @@ def _poll_until(worker: Worker, loop: asyncio.AbstractEventLoop, timeout: float 
     raise AssertionError("nothing was delivered")
 
 
-def _held(worker: Worker) -> int:
-    """Turns the claim thread 0 holds: claimed and not started, or finished and not committed."""
-    lane = worker._lanes.get(0)
+def _held(worker: Worker, index: int = 0) -> int:
+    """Turns a claim thread holds: claimed and not started, or finished and not committed."""
+    lane = worker.lane(index)
     return 0 if lane is None else len(lane.claimed) + len(lane.done)
+
+
+def _lane(worker: Worker, index: int) -> Lane:
+    lane = worker.lane(index)
+    assert lane is not None, f"claim thread {index} has claimed nothing yet"
+    return lane
 
 
 def _status(harness, job_id: str) -> Status:  # type: ignore[no-untyped-def]
@@ -65,7 +72,7 @@ def test_the_commit_claims_the_next_turn(harness, loop) -> None:  # type: ignore
     done = {a, b} - {j for j in (a, b) if _status(harness, j) is not Status.SUCCEEDED}
     assert len(done) == 1
     (other,) = {a, b} - done
-    assert harness.transport.shared_database is (harness.transport.name != "kafka")
+    assert harness.transport.shared_database is not harness.log
     # Claimed with the commit (in its transaction on a shared database):
     # running already, no queue read left.
     assert _status(harness, other) is Status.RUNNING and _held(worker) == 1
@@ -187,7 +194,7 @@ def _batch_claimed(harness, loop, n: int) -> tuple[list[str], Worker]:  # type: 
 
 def test_a_fenced_turn_in_a_batch_costs_the_others_nothing(harness, loop) -> None:  # type: ignore[no-untyped-def]
     ids, worker = _batch_claimed(harness, loop, 6)
-    lane = worker._lanes[0]
+    lane = _lane(worker, 0)
     victim = Envelope.from_json(lane.claimed[1][0].raw).job_id
     harness.dispatcher().cancel(victim, "t")  # fences the claimed, not yet started turn
     labels = [worker.poll("t:0", 0, loop) for _ in range(4)]
@@ -212,7 +219,7 @@ def test_a_slow_handler_is_never_batched(harness, loop) -> None:  # type: ignore
 
 def test_turns_held_up_behind_a_stalled_turn_are_taken_by_another_thread(harness, loop) -> None:  # type: ignore[no-untyped-def]
     ids, worker = _batch_claimed(harness, loop, 6)
-    lane = worker._lanes[0]
+    lane = _lane(worker, 0)
     assert len(lane.claimed) == 4
     # Thread 0 is running a turn that has taken a minute so far: its claimed
     # turns are not started. Thread 1 has nothing of its own: it takes one.
@@ -222,7 +229,7 @@ def test_turns_held_up_behind_a_stalled_turn_are_taken_by_another_thread(harness
     assert _status(harness, last) is Status.SUCCEEDED and len(lane.claimed) == 3
     # A turn that is merely running (within the budget) keeps its batch.
     lane.mark = time.monotonic()
-    while worker._lanes[1].claimed or worker._lanes[1].done:
+    while _held(worker, 1):
         worker.poll("t:1", 1, loop)
     assert len(lane.claimed) == 3
     lane.running = False
@@ -287,7 +294,7 @@ def test_a_claimed_turn_whose_lease_lapsed_while_it_waited_never_starts(make_har
     for _ in range(10):
         worker.backpressure.record(True, 0.0001)
     assert _poll_until(worker, loop) == "completed"
-    lane = worker._lanes[0]
+    lane = _lane(worker, 0)
     waiting = [Envelope.from_json(delivery.raw).job_id for delivery, _ in lane.claimed]
     assert len(waiting) == 2
 
@@ -327,7 +334,7 @@ def test_a_batch_holds_one_turn_per_session_and_runs_sessions_in_order(harness, 
     while _census(harness, ids) != {"succeeded": 12}:
         assert time.monotonic() < deadline, f"stuck at {_census(harness, ids)}"
         worker.poll("t:0", 0, loop)
-        lane = worker._lanes.get(0)
+        lane = worker.lane(0)
         held = [Envelope.from_json(delivery.raw).session_id for delivery, _ in (lane.claimed if lane else [])]
         assert len(held) == len(set(held)), f"one lane holds two turns of a session: {held}"
         biggest = max(biggest, len(held))

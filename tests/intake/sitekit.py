@@ -13,7 +13,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import httpx
 from agentdispatch.gateway.intake.admit import job_id_of
 from backends import fresh_pg_database
 from e2e.gatewayproc import Gateway, cli_env, start_gateway
+from intake.fakeapi import OK, Answer, body_of, serve
 from intake.kit import KEY, TG_BOT, Installations, cli, env_for, install_all, post_tg, tg_update
 
 
@@ -47,35 +47,17 @@ def provider() -> Iterator[Provider]:
     prov = Provider()
     prov.released.set()
 
-    class H(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            try:
-                body: Any = json.loads(raw)
-            except ValueError:
-                body = raw.decode()
-            with prov.lock:
-                prov.calls.append((self.path, self.headers.get("Idempotency-Key", ""), body))
-            prov.released.wait(30)  # the reply call stays in flight until the test lets it go
-            out = b'{"ok": true}'
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
+    def answer(path: str, headers: dict[str, str], raw: bytes) -> Answer:
+        with prov.lock:
+            prov.calls.append((path, headers.get("idempotency-key", ""), body_of(raw)))
+        prov.released.wait(30)  # the reply call stays in flight until the test lets it go
+        return OK
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    prov.url = f"http://127.0.0.1:{server.server_address[1]}"
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
     try:
-        yield prov
+        with serve(answer) as prov.url:
+            yield prov
     finally:
         prov.released.set()
-        server.shutdown()
-        server.server_close()
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:

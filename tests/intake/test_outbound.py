@@ -9,7 +9,6 @@ import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from agentdispatch.gateway.intake import outbound
 from agentdispatch.gateway.intake.envelope import IntakeEnvelope
 from agentdispatch.gateway.intake.handler import ACKNOWLEDGEMENT, acknowledge
 from agentdispatch.gateway.intake.processor import Context
+from intake.fakeapi import OK, Answer, serve
 
 Script = list[tuple[int, dict[str, str], bytes]]
 
@@ -37,31 +37,14 @@ class Provider:
 def provider() -> Iterator[Provider]:
     p = Provider()
 
-    class H(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            with p.lock:
-                p.calls.append((self.path, {k.lower(): v for k, v in self.headers.items()}, raw))
-                status, headers, out = p.script.pop(0) if p.script else (200, {}, b'{"ok": true}')
-            self.send_response(status)
-            for k, v in {"Content-Type": "application/json", **headers}.items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
+    def answer(path: str, headers: dict[str, str], raw: bytes) -> Answer:
+        with p.lock:
+            p.calls.append((path, headers, raw))
+            status, extra, out = p.script.pop(0) if p.script else OK
+        return status, {"Content-Type": "application/json", **extra}, out
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    p.url = f"http://127.0.0.1:{server.server_address[1]}"
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    try:
+    with serve(answer) as p.url:
         yield p
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def _env(connector: str, **kw: Any) -> IntakeEnvelope:

@@ -9,7 +9,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from agentdispatch.gateway.intake.processor import Context, Respond
 from agentdispatch.gateway.intake.store import IntakeStore
 from agentdispatch.handlers import Registry
 from backends import Harness
+from intake.fakeapi import OK, Answer, body_of, serve
 
 
 @dataclass
@@ -37,33 +37,13 @@ class Recorder:
 def recording_server() -> Iterator[Recorder]:
     rec = Recorder()
 
-    class H(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            try:
-                body: Any = json.loads(raw)
-            except ValueError:
-                body = raw.decode()
-            with rec.lock:
-                rec.calls.append((self.path, self.headers.get("Idempotency-Key", ""), body))
-            out = b'{"ok": true}'
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(out)))
-            self.end_headers()
-            self.wfile.write(out)
+    def answer(path: str, headers: dict[str, str], raw: bytes) -> Answer:
+        with rec.lock:
+            rec.calls.append((path, headers.get("idempotency-key", ""), body_of(raw)))
+        return OK
 
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), H)
-    rec.url = f"http://127.0.0.1:{server.server_address[1]}"
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    try:
+    with serve(answer) as rec.url:
         yield rec
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @dataclass

@@ -10,7 +10,7 @@ import secrets
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..stores.base import Store
+from ..stores.base import Tokens
 
 if TYPE_CHECKING:
     # ``errors`` imports FastAPI: ``agentdispatch token create`` mints without it.
@@ -57,7 +57,7 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def mint(store: Store, tenant: str, label: str = "") -> tuple[str, str]:
+def mint(store: Tokens, tenant: str, label: str = "") -> tuple[str, str]:
     """Create a token for ``tenant``; returns ``(token_id, token)``. The token
     itself is shown once and never stored."""
     if not _TENANT.match(tenant):

@@ -140,7 +140,7 @@ class ClaimKind(StrEnum):
 
 @dataclass(frozen=True)
 class Claim:
-    """The answer of :meth:`Store.claim`."""
+    """The answer of :meth:`Queue.claim`."""
 
     kind: ClaimKind
     item: WorkItem | None = None
@@ -239,9 +239,8 @@ class SweepReport:
         return self.reclaimed + self.dead_lettered + self.expired + self.redelivered
 
 
-@runtime_checkable
-class Store(Protocol):
-    """The WorkItem authority. Time is the database's clock."""
+class Schema(Protocol):
+    """The store's database: its schema and its connections."""
 
     name: str
 
@@ -258,9 +257,41 @@ class Store(Protocol):
     def close(self) -> None:
         """Release connections."""
 
+
+class Jobs(Protocol):
+    """What a caller does with jobs: submit, read, cancel, replay (the Dispatcher)."""
+
     def submit(self, jobs: Sequence[NewJob], *, max_depth: int) -> list[Accepted]:
         """Insert items and their envelopes atomically, admitting against
         ``max_depth`` active items (raises :class:`QueueFull`)."""
+
+    def get(self, job_id: str, tenant: str | None) -> WorkItem:
+        """Read one item (raises :class:`JobNotFound`; ``None`` tenant = admin)."""
+
+    def list_jobs(
+        self,
+        *,
+        tenant: str | None,
+        status: Status | None,
+        limit: int,
+        offset: int,
+        filters: JobFilter | None = None,
+    ) -> list[WorkItem]:
+        """Items newest first, optionally filtered."""
+
+    def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
+        """The job's view and payload, its events (attempts, leases, outcomes)
+        and its side-effect ledger."""
+
+    def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> WorkItem:
+        """Cancel a non-terminal item (fencing out any holder)."""
+
+    def replay(self, job_id: str, tenant: str | None) -> WorkItem:
+        """Move a dead-lettered item back to ready as a new attempt."""
+
+
+class Queue(Protocol):
+    """What a worker does with an item it runs: claim, renew, checkpoint, commit."""
 
     def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
         """Claim and start an item for ``owner`` (epoch + 1, attempt + 1)."""
@@ -278,6 +309,11 @@ class Store(Protocol):
         :class:`LeaseLost`. ``ttl_s=0`` gives the leases up at once (another
         worker may claim the items now)."""
 
+    def checkpoint(self, lease: Lease, state: str) -> None:
+        """Durably save ``state`` (JSON text) as the item's checkpoint, fenced
+        like :meth:`renew` (raises :class:`LeaseLost`, writing nothing, unless
+        ``lease`` is the item's live lease)."""
+
     def commit(self, lease: Lease, outcome: Outcome) -> WorkItem:
         """Fenced, durable commit of a handler outcome (releases dependants)."""
 
@@ -286,46 +322,13 @@ class Store(Protocol):
         one is answered with its :class:`LeaseLost` and writes nothing (see
         :func:`commit_each`)."""
 
-    def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> WorkItem:
-        """Cancel a non-terminal item (fencing out any holder)."""
+    def cancelled_since(self, since: float) -> tuple[float, list[str]]:
+        """The database clock now, and the jobs cancelled at or after ``since``
+        (database time; one indexed read, for a worker to stop turns it runs)."""
 
-    def replay(self, job_id: str, tenant: str | None) -> WorkItem:
-        """Move a dead-lettered item back to ready as a new attempt."""
 
-    def get(self, job_id: str, tenant: str | None) -> WorkItem:
-        """Read one item (raises :class:`JobNotFound`; ``None`` tenant = admin)."""
-
-    def list_jobs(
-        self,
-        *,
-        tenant: str | None,
-        status: Status | None,
-        limit: int,
-        offset: int,
-        filters: JobFilter | None = None,
-    ) -> list[WorkItem]:
-        """Items newest first, optionally filtered."""
-
-    def counts(self, tenant: str | None) -> dict[str, int]:
-        """Number of items per status."""
-
-    def fleet_counts(self) -> list[TenantCount]:
-        """Open and dead-lettered items per tenant and status (every tenant)."""
-
-    def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
-        """The job's view and payload, its events (attempts, leases, outcomes)
-        and its side-effect ledger."""
-
-    def depth_breakdown(self, tenant: str | None) -> list[tuple[str, str, str, int]]:
-        """Non-terminal items as ``(tenant, kind, status, count)`` rows."""
-
-    def activity(self, tenant: str | None, *, since: float, bucket_s: float) -> Activity:
-        """Accepted and finished items per time bucket since ``since``."""
-
-    def purge_dead(self, job_ids: Sequence[str], tenant: str | None) -> list[str]:
-        """Delete the dead-lettered items among ``job_ids`` (of ``tenant``; None:
-        any) with their events; returns the ids deleted. The side-effect ledger
-        is kept."""
+class Ledger(Protocol):
+    """The side-effect ledger of a running turn."""
 
     def effect_begin(self, lease: Lease, key: str, ttl_s: float, *, retry_unknown: bool = False) -> Effect | None:
         """Renew the lease and mark ``key`` intended, in one fenced transaction.
@@ -349,14 +352,32 @@ class Store(Protocol):
         error it would raise is returned in its place; none of them writes
         anything). A database error fails the whole batch."""
 
-    def cancelled_since(self, since: float) -> tuple[float, list[str]]:
-        """The database clock now, and the jobs cancelled at or after ``since``
-        (database time; one indexed read, for a worker to stop turns it runs)."""
 
-    def checkpoint(self, lease: Lease, state: str) -> None:
-        """Durably save ``state`` (JSON text) as the item's checkpoint, fenced
-        like :meth:`renew` (raises :class:`LeaseLost`, writing nothing, unless
-        ``lease`` is the item's live lease)."""
+class Views(Protocol):
+    """The operator's counts and clean-up of finished items."""
+
+    def counts(self, tenant: str | None) -> dict[str, int]:
+        """Number of items per status."""
+
+    def depth_breakdown(self, tenant: str | None) -> list[tuple[str, str, str, int]]:
+        """Non-terminal items as ``(tenant, kind, status, count)`` rows."""
+
+    def activity(self, tenant: str | None, *, since: float, bucket_s: float) -> Activity:
+        """Accepted and finished items per time bucket since ``since``."""
+
+    def purge_dead(self, job_ids: Sequence[str], tenant: str | None) -> list[str]:
+        """Delete the dead-lettered items among ``job_ids`` (of ``tenant``; None:
+        any) with their events; returns the ids deleted. The side-effect ledger
+        is kept."""
+
+
+class Repair(Protocol):
+    """Reconciliation and undeliverable envelopes."""
+
+    def sweep(self, *, redeliver_after_s: float) -> SweepReport:
+        """Reconcile: reclaim expired leases, cancel expired deadlines, and
+        re-enqueue ready items without an envelope (or, for external
+        transports, not re-published for ``redeliver_after_s``)."""
 
     def record_poison(self, raw: str, reason: str) -> bool:
         """Durably dead-letter an undeliverable envelope once; True when new."""
@@ -364,10 +385,9 @@ class Store(Protocol):
     def poison(self, *, limit: int) -> list[dict[str, Any]]:
         """Recorded poison envelopes, newest first."""
 
-    def sweep(self, *, redeliver_after_s: float) -> SweepReport:
-        """Reconcile: reclaim expired leases, cancel expired deadlines, and
-        re-enqueue ready items without an envelope (or, for external
-        transports, not re-published for ``redeliver_after_s``)."""
+
+class Fleet(Protocol):
+    """The workers' heartbeat rows and the fleet gauges."""
 
     def heartbeat(self, row: WorkerRow) -> None:
         """Upsert a worker's liveness row (stamped with database time)."""
@@ -378,6 +398,13 @@ class Store(Protocol):
     def remove_worker(self, worker_id: str) -> None:
         """Delete a worker's row at clean shutdown."""
 
+    def fleet_counts(self) -> list[TenantCount]:
+        """Open and dead-lettered items per tenant and status (every tenant)."""
+
+
+class Tokens(Protocol):
+    """The gateway's bearer tokens."""
+
     def token_create(self, token_id: str, token_hash: str, tenant: str, label: str) -> None:
         """Store a gateway bearer token (hashed), bound to ``tenant``."""
 
@@ -386,6 +413,10 @@ class Store(Protocol):
 
     def token_lookup(self, token_hash: str) -> str | None:
         """The tenant of a live token, or None."""
+
+
+class ScheduleStore(Protocol):
+    """Periodic schedules and their firing."""
 
     def schedule_add(self, schedule: Schedule) -> bool:
         """Store a new schedule; False (nothing written) when the name exists."""
@@ -406,6 +437,10 @@ class Store(Protocol):
         """Move a due schedule on to ``next_at`` if its next tick is still the
         one read (compare-and-set); False when another firer moved it first."""
 
+
+class Outbox(Protocol):
+    """Envelope rows awaiting an external transport (the Kafka relay)."""
+
     def outbox_take(self, limit: int) -> list[OutboxRow]:
         """Envelope rows not yet handed to an external transport."""
 
@@ -413,12 +448,19 @@ class Store(Protocol):
         """Mark rows as delivered to the external transport (delete them)."""
 
 
-def claim_each(store: Store, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float) -> list[Claim]:
+@runtime_checkable
+class Store(Schema, Jobs, Queue, Ledger, Views, Repair, Fleet, Tokens, ScheduleStore, Outbox, Protocol):
+    """The WorkItem authority, every part of it: what a backend implements.
+    Time is the database's clock. A caller types its store as the smallest
+    part it uses."""
+
+
+def claim_each(store: Queue, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float) -> list[Claim]:
     """:meth:`Store.claim_many` as one claim after another."""
     return [store.claim(job_id, tenant, owner=owner, ttl_s=ttl_s) for job_id, tenant in jobs]
 
 
-def commit_each(store: Store, done: Sequence[tuple[Lease, Outcome]]) -> list[WorkItem | LeaseLost]:
+def commit_each(store: Queue, done: Sequence[tuple[Lease, Outcome]]) -> list[WorkItem | LeaseLost]:
     """:meth:`Store.commit_many` as one commit after another."""
     out: list[WorkItem | LeaseLost] = []
     for lease, outcome in done:

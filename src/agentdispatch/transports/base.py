@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from ..stores.base import Store
+    from ..stores.base import Outbox
 
 
 @dataclass(frozen=True)
@@ -29,14 +29,29 @@ class Delivery:
     deliveries: int = 1
 
 
-@runtime_checkable
-class Transport(Protocol):
-    """Delivers envelopes at least once."""
+class Sender(Protocol):
+    """The submitting side: admission, the outbox relay, the depth."""
 
-    name: str
     #: How long a ready item may sit without a queue row before the reconciler
     #: re-enqueues it (short on a shared database; about a TTL on Kafka).
     redeliver_after_s: float
+
+    def admit(self, n: int, max_depth: int) -> None:
+        """Extra admission before a submit (Kafka: consumer-group lag). Raise
+        :class:`QueueFull` or :class:`DepthUnavailable`. Same-database
+        transports admit inside the store's submit transaction instead."""
+
+    def relay(self, store: Outbox) -> int:
+        """Publish the store's outbox; returns how many envelopes went out.
+        Same-database transports read the store's table directly: 0."""
+
+    def depth(self) -> int:
+        """Unclaimed envelopes; raise :class:`DepthUnavailable` when unknown."""
+
+
+class Receiver(Protocol):
+    """The worker's side: receive, acknowledge, give back."""
+
     #: Whether the queue lives in the store's database, so that one transaction
     #: can commit a turn, acknowledge it and claim the next.
     shared_database: bool
@@ -46,18 +61,6 @@ class Transport(Protocol):
     #: transaction would hold those marks back from the other claimants, which
     #: would then keep serving the same tenant.
     claims_with_commit: int
-
-    def ping(self) -> None:
-        """Raise :class:`TaskQueueUnavailable` unless the transport answers."""
-
-    def admit(self, n: int, max_depth: int) -> None:
-        """Extra admission before a submit (Kafka: consumer-group lag). Raise
-        :class:`QueueFull` or :class:`DepthUnavailable`. Same-database
-        transports admit inside the store's submit transaction instead."""
-
-    def relay(self, store: Store) -> int:
-        """Publish the store's outbox; returns how many envelopes went out.
-        Same-database transports read the store's table directly: 0."""
 
     def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
         """Receive one envelope for ``owner`` (each worker thread is an owner)."""
@@ -86,14 +89,22 @@ class Transport(Protocol):
         when both live in the same database (a claim with its delivery, a commit
         with its ack); a no-op context otherwise."""
 
-    def depth(self) -> int:
-        """Unclaimed envelopes; raise :class:`DepthUnavailable` when unknown."""
+
+@runtime_checkable
+class Transport(Sender, Receiver, Protocol):
+    """Delivers envelopes at least once: what a backend implements. A caller
+    types its transport as the smallest part it uses."""
+
+    name: str
+
+    def ping(self) -> None:
+        """Raise :class:`TaskQueueUnavailable` unless the transport answers."""
 
     def close(self) -> None:
         """Release connections/consumers."""
 
 
-def get_each(transport: Transport, owner: str, n: int, *, visibility_s: float) -> list[Delivery]:
+def get_each(transport: Receiver, owner: str, n: int, *, visibility_s: float) -> list[Delivery]:
     """:meth:`Transport.get_many` as one get after another."""
     out: list[Delivery] = []
     while len(out) < n:
@@ -104,6 +115,6 @@ def get_each(transport: Transport, owner: str, n: int, *, visibility_s: float) -
     return out
 
 
-def ack_each(transport: Transport, deliveries: Sequence[Delivery]) -> list[bool]:
+def ack_each(transport: Receiver, deliveries: Sequence[Delivery]) -> list[bool]:
     """:meth:`Transport.ack_many` as one ack after another."""
     return [transport.ack(d) for d in deliveries]

@@ -34,7 +34,7 @@ from .kafka_producer import CoalescingProducer, GroupCommit, message_key
 from .kafka_watch import Backlog, StallWatch
 
 if TYPE_CHECKING:
-    from ..stores.base import Store
+    from ..stores.base import Outbox
 
 log = logging.getLogger("agentdispatch.kafka")
 
@@ -133,7 +133,7 @@ class KafkaTransport:
         self._stall = StallWatch(self.stall_s)
         self._watcher: threading.Thread | None = None
         self.auto_relay_s = 0.1
-        self._outbox: Store | None = None
+        self._outbox: Outbox | None = None
         self._relayer: threading.Thread | None = None
         self._relay_wake = threading.Event()
         self._closed = False
@@ -203,7 +203,7 @@ class KafkaTransport:
             ]
         )
 
-    def relay(self, store: Store) -> int:
+    def relay(self, store: Outbox) -> int:
         """Publish the store's outbox; concurrent callers share one round.
         Returns after every row committed before the call is confirmed (or
         raises; the rows then stay and the next relay retries them)."""
@@ -246,7 +246,7 @@ class KafkaTransport:
                 log.debug("opportunistic relay failed (the reconciler retries): %s", exc)
             self._stop.wait(self.auto_relay_s)
 
-    def _drain(self, store: Store) -> int:
+    def _drain(self, store: Outbox) -> int:
         total = 0
         while True:
             rows = store.outbox_take(RELAY_BATCH)

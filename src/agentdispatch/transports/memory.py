@@ -15,7 +15,7 @@ from ..memory_db import MemoryDb, QueueRow, Tables
 from .base import Delivery, Receipt, ack_each, get_each
 
 if TYPE_CHECKING:
-    from ..stores.base import Store
+    from ..stores.base import Outbox
 
 _LAST = float("inf")
 
@@ -37,7 +37,7 @@ class MemoryTransport:
     def admit(self, n: int, max_depth: int) -> None:
         """Admission happens inside the store's submit transaction."""
 
-    def relay(self, store: Store) -> int:
+    def relay(self, store: Outbox) -> int:
         """The store writes the queue directly: nothing to relay."""
         return 0
 

@@ -24,7 +24,7 @@ from ..stores.pg_db import Conn, PgDb, describe
 from .base import Delivery, Receipt
 
 if TYPE_CHECKING:
-    from ..stores.base import Store
+    from ..stores.base import Outbox, Store
 
 Q = Queries("agentdispatch.transports.sql", "postgres.sql")
 CHANNEL = "agent_dispatch_queue"
@@ -166,7 +166,7 @@ class PostgresTransport:
     def admit(self, n: int, max_depth: int) -> None:
         """Admission happens inside the store's submit transaction."""
 
-    def relay(self, store: Store) -> int:
+    def relay(self, store: Outbox) -> int:
         """The store writes this table directly: nothing to relay."""
         return 0
 

@@ -16,7 +16,7 @@ from ..sqlite_db import SqliteDb, clock
 from .base import Delivery, Receipt, ack_each, get_each
 
 if TYPE_CHECKING:
-    from ..stores.base import Store
+    from ..stores.base import Outbox
 
 Q = Queries("agentdispatch.transports.sql", "sqlite.sql")
 
@@ -45,7 +45,7 @@ class SqliteTransport:
     def admit(self, n: int, max_depth: int) -> None:
         """Admission happens inside the store's submit transaction."""
 
-    def relay(self, store: Store) -> int:
+    def relay(self, store: Outbox) -> int:
         """The store writes this table directly: nothing to relay."""
         return 0
 

@@ -572,6 +572,25 @@ BEGIN
     RETURN coalesce(pruned, 0);
 END $$;
 
+-- The session head of each fairness group, the one row of it a claim may
+-- take: the group's first queued row (skipping one another claim holds
+-- locked) unless an earlier turn of its session is still queued. Both
+-- passes of the fair claim pick among these; the view is flattened into
+-- their statements, so each stays an index probe per group.
+CREATE VIEW dispatch_fair_heads AS
+SELECT g.tenant_ref, g.priority, g.last_served, g.deadline_key, g.since, q.id, q.visible_at
+FROM dispatch_fair_groups g
+CROSS JOIN LATERAL (
+    SELECT q.id, q.visible_at, q.session_ref, q.item_seq FROM agent_dispatch_queue q
+    WHERE q.group_ref = g.group_ref AND q.priority = g.priority
+    ORDER BY q.item_seq, q.id
+    LIMIT 1 FOR UPDATE OF q SKIP LOCKED
+) q
+WHERE NOT EXISTS (
+    SELECT 1 FROM agent_dispatch_queue p
+    WHERE p.session_ref = q.session_ref AND (p.item_seq, p.id) < (q.item_seq, q.id)
+);
+
 -- The fair claim, p_n times in one statement: expired deadlines first; then
 -- priority, least-recently-served tenant, least-recently-served group (the
 -- session), deadline, enqueue order. Only the head row of a session is
@@ -636,20 +655,10 @@ BEGIN
                  FOR NO KEY UPDATE SKIP LOCKED
              ) tl
              CROSS JOIN LATERAL (
-                 SELECT q.id FROM dispatch_fair_groups g
-                 CROSS JOIN LATERAL (
-                     SELECT q.id, q.visible_at, q.session_ref, q.item_seq FROM agent_dispatch_queue q
-                     WHERE q.group_ref = g.group_ref AND q.priority = g.priority
-                     ORDER BY q.item_seq, q.id
-                     LIMIT 1 FOR UPDATE OF q SKIP LOCKED
-                 ) q
-                 WHERE g.tenant_ref = tl.tenant_ref AND g.priority = tl.priority
-                   AND q.visible_at <= (SELECT now FROM clock)
-                   AND NOT EXISTS (
-                       SELECT 1 FROM agent_dispatch_queue p
-                       WHERE p.session_ref = q.session_ref AND (p.item_seq, p.id) < (q.item_seq, q.id)
-                   )
-                 ORDER BY g.last_served, g.deadline_key, g.since
+                 SELECT h.id FROM dispatch_fair_heads h
+                 WHERE h.tenant_ref = tl.tenant_ref AND h.priority = tl.priority
+                   AND h.visible_at <= (SELECT now FROM clock)
+                 ORDER BY h.last_served, h.deadline_key, h.since
                  LIMIT 1
              ) h
              WHERE NOT EXISTS (SELECT 1 FROM expired)
@@ -661,20 +670,10 @@ BEGIN
             -- Else one turn, walking every priority and tenant in order.
             SELECT h.id FROM dispatch_fair_tenants t
              CROSS JOIN LATERAL (
-                 SELECT q.id FROM dispatch_fair_groups g
-                 CROSS JOIN LATERAL (
-                     SELECT q.id, q.visible_at, q.session_ref, q.item_seq FROM agent_dispatch_queue q
-                     WHERE q.group_ref = g.group_ref AND q.priority = g.priority
-                     ORDER BY q.item_seq, q.id
-                     LIMIT 1 FOR UPDATE OF q SKIP LOCKED
-                 ) q
-                 WHERE g.tenant_ref = t.tenant_ref AND g.priority = t.priority
-                   AND q.visible_at <= (SELECT now FROM clock)
-                   AND NOT EXISTS (
-                       SELECT 1 FROM agent_dispatch_queue p
-                       WHERE p.session_ref = q.session_ref AND (p.item_seq, p.id) < (q.item_seq, q.id)
-                   )
-                 ORDER BY g.last_served, g.deadline_key, g.since
+                 SELECT h.id FROM dispatch_fair_heads h
+                 WHERE h.tenant_ref = t.tenant_ref AND h.priority = t.priority
+                   AND h.visible_at <= (SELECT now FROM clock)
+                 ORDER BY h.last_served, h.deadline_key, h.since
                  LIMIT 1
              ) h
              WHERE NOT EXISTS (SELECT 1 FROM expired) AND NOT EXISTS (SELECT 1 FROM round)
