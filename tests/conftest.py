@@ -29,7 +29,11 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Crash tests run one after another on one pytest-xdist worker (with
     ``--dist loadgroup``): each runs a fleet of processes, and two side by side
-    on two cores would starve their leases of renewals. Soak runs (minutes
+    on two cores would starve their leases of renewals. The Kafka crash tests
+    are a second such queue beside the first: their fleets spend most of
+    their time waiting for the broker's consumer group (a session timeout
+    after each SIGKILL, a rejoin after a broker restart), not on the CPU, and
+    one queue of both kinds made the longest path of the whole run. Soak runs (minutes
     each, for the figures in the notes) are left out unless
     ``AGENTDISPATCH_SOAK=1``: deselected, never skipped."""
     if not os.environ.get("AGENTDISPATCH_SOAK"):
@@ -39,7 +43,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             items[:] = [item for item in items if not item.get_closest_marker("soak")]
     for item in items:
         if item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.xdist_group("crash"))
+            kafka = item.nodeid.split("::")[0].endswith("_kafka_crash.py")
+            item.add_marker(pytest.mark.xdist_group("crash-kafka" if kafka else "crash"))
     # Longest first, so the run does not end waiting on one long test that
     # was handed out last: the crash group, then the directories whose tests
     # start real processes, then the in-process contract and unit tests.

@@ -13,7 +13,6 @@ import re
 import signal
 import socket
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,15 +106,6 @@ def assert_clean_error(proc: subprocess.CompletedProcess[str], *, mentions: str 
     if mentions is not None:
         assert mentions in lines[0]
     return lines[0]
-
-
-def wait_for(pred: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def stop(proc: subprocess.Popen[str], log: Path) -> int:
@@ -384,9 +374,9 @@ def test_worker_processes_jobs_and_exits_0_on_sigterm(cli: Cli, worker_proc: Any
     log = cli.root / "worker.log"
     proc = worker_proc(["agent-dispatch-worker", "--workers", "2"], log)
     jobs += [cli.submit("echo", "--payload", json.dumps({"n": i}), "--session", f"s{i % 2}") for i in range(4, 8)]
-    wait_for(lambda: cli.job_count("--status", "succeeded") == len(jobs), what="8 jobs to succeed")
     for i, job in enumerate(jobs):
-        view = cli.json("status", job)
+        # --wait answers once the job ended: one process per job, not one per poll.
+        view = cli.json("status", job, "--wait", "30")
         assert (view["status"], view["result"], view["attempt"]) == ("succeeded", {"n": i}, 1)
     doctor = cli.ok("doctor")
     assert re.search(r"^OK   workers: 1 live", doctor, re.MULTILINE), doctor
@@ -402,8 +392,8 @@ def test_dlq_list_and_replay(cli: Cli, worker_proc: Any) -> None:
     good = cli.submit("echo", "--payload", '"fine"')
     log = cli.root / "worker.log"
     proc = worker_proc(["agentdispatch", "worker", "--workers", "2"], log, **env)
-    wait_for(lambda: cli.json("status", bad)["status"] == "dead_letter", what="dead letter")
-    wait_for(lambda: cli.json("status", good)["status"] == "succeeded", what="echo")
+    assert cli.json("status", bad, "--wait", "30")["status"] == "dead_letter"
+    assert cli.json("status", good, "--wait", "30")["status"] == "succeeded"
     assert stop(proc, log) == 0, log.read_text()
 
     dead = cli.json("status", bad)

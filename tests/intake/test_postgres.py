@@ -119,8 +119,10 @@ def test_intake_near_the_backlog_bound_does_not_wait_for_another_intake(tmp_path
         install_all(data, **env)
         for i in range(2):
             cli(data, "submit", "sleep", "--payload", '{"seconds": 120}', "--session", f"busy{i}", **env)
+        # Its turns never end by themselves: a short grace lets it stop when
+        # the test is done instead of holding them through the default 30 s.
         worker = subprocess.Popen(
-            [sys.executable, "-m", "agentdispatch", "worker", "--workers", "1"],
+            [sys.executable, "-m", "agentdispatch", "worker", "--workers", "1", "--grace", "0.5"],
             env=env_for(data, env),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

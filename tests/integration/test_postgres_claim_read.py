@@ -4,13 +4,15 @@ same transaction."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import pytest
 
 from agentdispatch.dispatch import Submission
 from agentdispatch.envelope import Envelope
 from agentdispatch.stores.base import ClaimKind
 from agentdispatch.stores.pg_tx import PostgresTx
-from backends import Harness
+from backends import Harness, fresh_pg_database, pg_harness_at
 
 
 @pytest.fixture
@@ -84,9 +86,23 @@ def test_a_read_never_outlives_its_transaction(h: Harness, reads: list[str]) -> 
     assert reads == [handle.job_id]
 
 
-def test_a_notification_says_how_many_rows_came(h: Harness) -> None:
+@pytest.fixture
+def own_db() -> Iterator[Harness]:
+    """A harness on a database of its own: NOTIFY reaches every listener of a
+    database, so on a schema of the shared one the count picked up what the
+    tests running beside it submitted."""
+    cleanup: list[Callable[[], None]] = []
+    h = pg_harness_at(fresh_pg_database(cleanup), lambda: [fn() for fn in cleanup])
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def test_a_notification_says_how_many_rows_came(own_db: Harness) -> None:
     """Idle workers wake one waiter per row: a single submission notifies with
     no count (one waiter), a batch also with its size (that many waiters)."""
+    h = own_db
     import psycopg
 
     from agentdispatch.transports.postgres import CHANNEL, PostgresTransport

@@ -9,22 +9,14 @@ import asyncio
 import random
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from ..dispatch import Submission
-from ..handlers import Turn
-from ..lease import LeaseGuard
-from ..runtime import AsyncWorker, RuntimeOptions
-from ..runtime.turn import TurnEnd
-from .app import App
-
-#: How a turn can end for good (a retried turn comes back).
-FINAL = (TurnEnd.COMPLETED, TurnEnd.DEAD_LETTER, TurnEnd.FAILED, TurnEnd.EXPIRED, TurnEnd.SKIPPED)
+if TYPE_CHECKING:
+    from ..handlers import Turn
+    from ..lease import LeaseGuard
+    from .app import App
 
 
 async def mock_model(turn: Turn) -> str:
@@ -69,7 +61,18 @@ def register(main: click.Group) -> None:
         obj: App, turns: int, sessions: int, tenants: int, concurrency: int, timeout: float, as_json: bool
     ) -> None:
         """Run a few hundred agent turns (awaiting a mock model) through an in-process worker."""
+        # The runtime and rich load when the demo runs, not when `--help` lists the commands.
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.table import Table
+
+        from ..dispatch import Submission
+        from ..runtime import AsyncWorker, RuntimeOptions
+        from ..runtime.turn import TurnEnd
         from . import emit
+
+        # How a turn can end for good (a retried turn comes back).
+        final = (TurnEnd.COMPLETED, TurnEnd.DEAD_LETTER, TurnEnd.FAILED, TurnEnd.EXPIRED, TurnEnd.SKIPPED)
 
         registry = obj.registry
         registry.add("demo_agent", _agent)
@@ -112,7 +115,7 @@ def register(main: click.Group) -> None:
             done = 0
             while done < len(ids) and time.monotonic() < deadline and thread.is_alive():
                 time.sleep(0.2)
-                done = sum(worker.ended[e] for e in FINAL)
+                done = sum(worker.ended[e] for e in final)
                 rate = done / max(1e-9, time.monotonic() - started)
                 progress.update(task, completed=done, inflight=len(worker.running), rate=rate)
         wall = time.monotonic() - started

@@ -10,9 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich import box
-from rich.console import Console
-from rich.table import Column, Table
 
 from ..dispatch import Submission
 from ..errors import InvalidInput
@@ -39,6 +36,11 @@ def _table(items: list[WorkItem], *, tenants: bool = False) -> None:
     """Jobs as a table that reads at 80 columns: ids whole (they are copied
     into other commands), free text shortened with an ellipsis, and the
     reason column only when some job has one."""
+    # rich loads only for a person's table, not for each --json call of a script.
+    from rich import box
+    from rich.console import Console
+    from rich.table import Column, Table
+
     reasons = any(it.reason for it in items)
     columns = [
         Column("job_id", no_wrap=True, min_width=41),

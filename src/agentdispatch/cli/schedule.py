@@ -6,8 +6,6 @@ import json
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from ..errors import InvalidInput
 from .app import App
@@ -70,6 +68,9 @@ def register(main: click.Group) -> None:
         views = schedules(obj).entries(tenant)
 
         def human() -> None:
+            from rich.console import Console  # only for a person's table
+            from rich.table import Table
+
             table = Table("name", "cron", "tz", "kind", "paused", "next_at", "last_job_id")
             for v in views:
                 cells = (v["name"], v["cron"], v["tz"], v["kind"], v["paused"], v["next_at"], v["last_job_id"] or "")
