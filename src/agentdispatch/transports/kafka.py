@@ -104,6 +104,10 @@ class KafkaTransport:
             "max.poll.interval.ms": max_poll_interval_ms,
             "session.timeout.ms": session_timeout_ms,
             "queued.max.messages.kbytes": 4096,
+            # A fetch that finds nothing waits this long at the broker; some
+            # brokers hold it that long even when a message arrives, which
+            # delayed every retry and every turn submitted to an idle worker.
+            "fetch.wait.max.ms": 100,
         }
         self._admin = TopicAdmin(base, topic, group, timeout_s)
         try:
