@@ -278,6 +278,13 @@ class KafkaTransport:
                 self._watcher.start()
             return oc
 
+    def prepare(self, owner: str) -> None:
+        """Start ``owner``'s consumer joining the group now: a broker holds a
+        new group's first JoinGroup for seconds (its initial rebalance delay),
+        which then overlaps the worker's start-up instead of its first claims.
+        The keepalive serves the assignment until the owner first gets."""
+        self._consumer(owner)
+
     def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
         """One envelope from ``owner``'s own consumer (created on first use)."""
         self._auto_relay()
