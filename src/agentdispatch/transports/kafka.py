@@ -103,6 +103,10 @@ class KafkaTransport:
             "auto.offset.reset": "earliest",
             "max.poll.interval.ms": max_poll_interval_ms,
             "session.timeout.ms": session_timeout_ms,
+            # A member learns of a rebalance, or that a restarted broker forgot
+            # it, from a heartbeat's answer: one a second (librdkafka's 3 s
+            # default added up to 3 s per rebalance round after a restart).
+            "heartbeat.interval.ms": min(1000, session_timeout_ms // 3),
             "queued.max.messages.kbytes": 4096,
             # A fetch that finds nothing waits this long at the broker; some
             # brokers hold it that long even when a message arrives, which
