@@ -364,8 +364,14 @@ class KafkaTransport:
                 continue
             try:
                 positions = self._admin.positions()
+            except TopicMissing:
+                # A restarted broker that lost its log: re-create the topic now,
+                # so the consumers' next metadata refresh finds it, rather than
+                # when a publish of this process fails (its flush timeout later).
+                self._reensure()
+                continue
             except AgentDispatchError:
-                continue  # unreachable or no topic: nothing to consume yet
+                continue  # unreachable: nothing to consume yet
             holding = any(oc.assigned for oc in consumers)
             self._backlog.observe(time.monotonic(), positions)
             if self._stall.observe(time.monotonic(), positions, holding):
