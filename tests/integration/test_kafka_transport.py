@@ -280,3 +280,36 @@ def test_turn_longer_than_max_poll_interval_runs_once_without_rebalance(env: Env
     assert sorted(runs) == sorted(h.job_id for h in every)  # each exactly once
     assert after["revocations"] == settled["revocations"], "a long turn caused a rebalance"
     assert after["handoffs"] == 0
+
+
+def test_a_prepared_consumer_joins_the_group_before_its_first_get(env: Env) -> None:
+    """A worker's preflight starts its consumer's group join, so the broker's
+    join delay overlaps start-up; the keepalive serves the assignment."""
+    from agentdispatch.runtime import AsyncWorker
+
+    settings = env.settings(agent_turns_partitions=2)
+    store, transport = env.open(settings)
+    worker = AsyncWorker(settings, store, transport, Registry())
+    worker.preflight()
+    assert transport.stats()["consumers"] == 1
+    deadline = time.monotonic() + 30
+    while transport.stats()["assignments"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert transport.stats()["assignments"] >= 1, "the prepared consumer never joined without a get"
+    transport.put(_env(1))
+    got = _drain(transport, 1, owner=worker.traffic.owner)
+    assert [Envelope.from_json(d.raw).job_id for d in got] == ["job-1"]
+
+
+def test_a_consuming_process_re_creates_the_topic_a_restarted_broker_lost(env: Env) -> None:
+    """No publish and no admission here: the group watch alone finds the
+    topic gone (memory storage) and creates it again, so the consumers find
+    it on their next metadata refresh."""
+    settings = env.settings(agent_turns_partitions=3)
+    _, transport = env.open(settings, stall_s=2.0)
+    transport.prepare("w:0")
+    env.broker.restart()  # topic, log and group are gone
+    deadline = time.monotonic() + 30
+    while transport._admin.partitions(timeout_s=2) is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert transport._admin.partitions(timeout_s=2) == 3

@@ -105,6 +105,11 @@ class AsyncWorker:
         """Raise :class:`TaskQueueUnavailable` unless store and transport answer."""
         self.store.ping()
         self.transport.ping()
+        # A transport that must join something before it can deliver (Kafka's
+        # consumer group) starts now, while the caller finishes starting up.
+        prepare = getattr(self.transport, "prepare", None)
+        if prepare is not None:
+            prepare(self.traffic.owner)
 
     def request_stop(self) -> None:
         """Stop claiming; turns in flight get the grace period (thread-safe,

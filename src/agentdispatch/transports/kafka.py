@@ -103,7 +103,15 @@ class KafkaTransport:
             "auto.offset.reset": "earliest",
             "max.poll.interval.ms": max_poll_interval_ms,
             "session.timeout.ms": session_timeout_ms,
+            # A member learns of a rebalance, or that a restarted broker forgot
+            # it, from a heartbeat's answer: one a second (librdkafka's 3 s
+            # default added up to 3 s per rebalance round after a restart).
+            "heartbeat.interval.ms": min(1000, session_timeout_ms // 3),
             "queued.max.messages.kbytes": 4096,
+            # A fetch that finds nothing waits this long at the broker; some
+            # brokers hold it that long even when a message arrives, which
+            # delayed every retry and every turn submitted to an idle worker.
+            "fetch.wait.max.ms": 100,
         }
         self._admin = TopicAdmin(base, topic, group, timeout_s)
         try:
@@ -274,6 +282,13 @@ class KafkaTransport:
                 self._watcher.start()
             return oc
 
+    def prepare(self, owner: str) -> None:
+        """Start ``owner``'s consumer joining the group now: a broker holds a
+        new group's first JoinGroup for seconds (its initial rebalance delay),
+        which then overlaps the worker's start-up instead of its first claims.
+        The keepalive serves the assignment until the owner first gets."""
+        self._consumer(owner)
+
     def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
         """One envelope from ``owner``'s own consumer (created on first use)."""
         self._auto_relay()
@@ -349,8 +364,14 @@ class KafkaTransport:
                 continue
             try:
                 positions = self._admin.positions()
+            except TopicMissing:
+                # A restarted broker that lost its log: re-create the topic now,
+                # so the consumers' next metadata refresh finds it, rather than
+                # when a publish of this process fails (its flush timeout later).
+                self._reensure()
+                continue
             except AgentDispatchError:
-                continue  # unreachable or no topic: nothing to consume yet
+                continue  # unreachable: nothing to consume yet
             holding = any(oc.assigned for oc in consumers)
             self._backlog.observe(time.monotonic(), positions)
             if self._stall.observe(time.monotonic(), positions, holding):

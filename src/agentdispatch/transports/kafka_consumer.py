@@ -140,6 +140,9 @@ class OwnedConsumer:
         # rebalance (a fresh assignment, possibly empty) once they are back.
         self.outage_at: float | None = None
         self.rebalanced_at = time.monotonic()
+        # Until the owner first gets, the keepalive polls for it (a prepared
+        # consumer's assignment and first fetches must not wait for that).
+        self.used = False
         self._error_sink = config.get("error_cb")
         self._c = Consumer({**config, "enable.partition.eof": True, "error_cb": self._on_error})
         self._c.subscribe([topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
@@ -288,6 +291,7 @@ class OwnedConsumer:
     def get(self, visibility_s: float, wait_s: float) -> Delivery | None:
         """Hand out one message, polling up to ``wait_s`` for one."""
         deadline = time.monotonic() + wait_s
+        self.used = True
         polled = False
         while True:
             with self.lock:
@@ -377,13 +381,13 @@ class OwnedConsumer:
     # -- keepalive -------------------------------------------------------------
     def keepalive(self, now: float, interval_s: float, on_expired: Callable[[OwnedConsumer], None]) -> None:
         """Called by the transport's keepalive thread: while the owner runs a
-        turn it does not poll, so poll for it (staying in the group past
-        ``max.poll.interval.ms``); a delivery past its visibility hands the
-        partitions off to the other consumers."""
+        turn (or has not got yet) it does not poll, so poll for it (staying in
+        the group past ``max.poll.interval.ms``); a delivery past its
+        visibility hands the partitions off to the other consumers."""
         if not self.lock.acquire(blocking=False):
             return  # the owner is polling right now
         try:
-            if self.closed or not self._inflight:
+            if self.closed or (self.used and not self._inflight):
                 return
             if any(now - e.taken_at > e.visibility_s for e in self._inflight.values()):
                 on_expired(self)

@@ -113,7 +113,10 @@ class _Batch:
     def __init__(self, n: int) -> None:
         self.pending = n
         self.errors: list[str] = []
-        self._lock = threading.Lock()
+        # Re-entrant: a report can fire inside a report on the same thread (a
+        # discarded client, collected there, serves the reports of its purged
+        # messages), and a plain lock then hung the publishing caller for good.
+        self._lock = threading.RLock()
 
     def report(self, err: KafkaError | None, _msg: Any) -> None:
         with self._lock:
