@@ -209,7 +209,8 @@ class AsyncWorker:
             if claimed:
                 self._beat_soon()
             if dry and not self.stopping:
-                await self._off(self._claims, self.transport.wait, self.options.get_wait_s)
+                # Not on the traffic thread: finished turns commit meanwhile.
+                await self._off(self._io, self.transport.wait, self.options.get_wait_s)
 
     def _start(self, c: Claimed, handlers: Executor) -> None:
         item, lease = c.claim.item, c.claim.lease
