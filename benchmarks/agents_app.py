@@ -8,19 +8,28 @@ the reply (a POST to the mock, which counts each turn's reply once)."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import inspect
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import httpx
 
 from agentdispatch.handlers import Registry, Turn
 
 registry = Registry()
+# httpcore tries ``import sniffio`` on every request and shielded close; where
+# sniffio is not installed (anyio 4 no longer needs it) each failed import
+# searches sys.path again. A None entry makes that import fail at once: the
+# same answer, without the search (for every system of the benchmark alike).
+if importlib.util.find_spec("sniffio") is None:
+    sys.modules["sniffio"] = None  # type: ignore[assignment]
 # A log line per HTTP request would cost the runner under test CPU per turn.
 logging.getLogger("httpx").setLevel(logging.WARNING)
 _LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -37,9 +46,10 @@ def _model_url() -> str:
 
 
 #: Clients per event loop. httpcore's pool scans every connection it holds
-#: for each request, so one pool of thousands of connections costs CPU per
-#: call in proportion to the turns in flight: small pools keep it flat.
-_SHARDS = 64
+#: (and asks each idle one's socket whether it is readable) for each request
+#: and each release, so a pool's cost per call grows with the turns it
+#: serves: many small pools keep it flat.
+_SHARDS = 1024
 
 
 def _aclient(key: str = "") -> httpx.AsyncClient:
@@ -53,6 +63,26 @@ def _aclient(key: str = "") -> httpx.AsyncClient:
             base_url=_model_url(), limits=_LIMITS, timeout=_TIMEOUT, verify=_SSL
         )
     return client
+
+
+#: The handler's HTTP client: ``aiohttp`` (C parser; the default) or ``httpx``
+#: (pure Python, as the OpenAI SDK uses). Per turn httpx costs several times
+#: the CPU, which on a small machine caps every runner below its ideal.
+CLIENT = os.environ.get("BENCH_CLIENT", "aiohttp")
+_sessions: dict[int, aiohttp.ClientSession] = {}
+
+
+def _session() -> aiohttp.ClientSession:
+    """This event loop's aiohttp session (one unbounded connection pool)."""
+    loop = asyncio.get_running_loop()
+    session = _sessions.get(id(loop))
+    if session is None:
+        session = _sessions[id(loop)] = aiohttp.ClientSession(
+            base_url=_model_url(),
+            connector=aiohttp.TCPConnector(limit=0, ssl=False),
+            timeout=aiohttp.ClientTimeout(total=600, connect=30),
+        )
+    return session
 
 
 def _client() -> httpx.Client:
@@ -105,12 +135,20 @@ async def agent_turn(turn: Turn, guard: Any) -> dict[str, Any]:
         "messages": [{"role": "user", "content": f"turn {p['i']}"}],
     }
     tokens: list[str] = []
-    async with _aclient(turn.job_id).stream("POST", "/v1/chat", json=body) as r:
-        if r.status_code == 429:
-            raise _overloaded(float(r.headers.get("retry-after", "1")))
-        r.raise_for_status()
-        async for chunk in r.aiter_text():
-            tokens.append(chunk)
+    if CLIENT == "aiohttp":
+        async with _session().post("/v1/chat", json=body) as ar:
+            if ar.status == 429:
+                raise _overloaded(float(ar.headers.get("retry-after", "1")))
+            ar.raise_for_status()
+            async for data in ar.content.iter_any():
+                tokens.append(data.decode())
+    else:
+        async with _aclient(turn.job_id).stream("POST", "/v1/chat", json=body) as r:
+            if r.status_code == 429:
+                raise _overloaded(float(r.headers.get("retry-after", "1")))
+            r.raise_for_status()
+            async for chunk in r.aiter_text():
+                tokens.append(chunk)
     answer = "".join(tokens)
     reply = {"job": turn.job_id, "text": answer[:200]}
 
@@ -124,6 +162,9 @@ async def agent_turn(turn: Turn, guard: Any) -> dict[str, Any]:
         return _client().post("/v1/reply", json=reply).json()["id"]
 
     async def asend() -> Any:
+        if CLIENT == "aiohttp":
+            async with _session().post("/v1/reply", json=reply) as ar:
+                return (await ar.json())["id"]
         return (await _aclient(turn.job_id).post("/v1/reply", json=reply)).json()["id"]
 
     await _effect(guard, f"transcript:{turn.job_id}", record, arecord)

@@ -1,6 +1,6 @@
 """A mock model server for ``bench_agents.py``: real HTTP on loopback.
 
-``POST /v1/chat`` streams ``--tokens`` tokens over a latency drawn from a
+Served by aiohttp. ``POST /v1/chat`` streams ``--tokens`` tokens over a latency drawn from a
 log-normal distribution of mean ``--mean-s``; above ``--limit`` concurrent
 calls it answers 429 with ``Retry-After``. ``POST /v1/reply`` is the agent's
 outbound message (its second side effect): counted once per turn. ``GET
@@ -17,14 +17,9 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from aiohttp import web
 
 
 class Model:
@@ -55,40 +50,40 @@ class Model:
         return self.rng.lognormvariate(self.mu, self.sigma) if self.sigma > 0 else self.mean_s
 
 
-def build(model: Model) -> Starlette:
-    async def chat(request: Request) -> Response:
+def build(model: Model) -> web.Application:
+    async def chat(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         model.calls += 1
         if model.limit and model.active >= model.limit:
             model.rejected += 1
-            return JSONResponse({"error": "rate limited"}, status_code=429, headers={"Retry-After": "1"})
+            return web.json_response({"error": "rate limited"}, status=429, headers={"Retry-After": "1"})
         if body.get("attempt_start"):
             model.starts.append((str(body["job"]), float(body["submitted_at"]), float(body["started_at"])))
         model.active += 1
         model.peak = max(model.peak, model.active)
         total = model.latency()
         model.drawn += total
+        try:
+            resp = web.StreamResponse(headers={"Content-Type": "text/plain"})
+            await resp.prepare(request)
+            # A first token after a fifth of the latency, the rest evenly after it.
+            await asyncio.sleep(total * 0.2)
+            step = total * 0.8 / max(1, model.tokens - 1)
+            for i in range(model.tokens):
+                if i:
+                    await asyncio.sleep(step)
+                await resp.write(f"tok{i} ".encode())
+            await resp.write_eof()
+            return resp
+        finally:
+            model.active -= 1
 
-        async def stream() -> AsyncIterator[bytes]:
-            try:
-                # A first token after a fifth of the latency, the rest evenly after it.
-                await asyncio.sleep(total * 0.2)
-                step = total * 0.8 / max(1, model.tokens - 1)
-                for i in range(model.tokens):
-                    if i:
-                        await asyncio.sleep(step)
-                    yield f"tok{i} ".encode()
-            finally:
-                model.active -= 1
-
-        return StreamingResponse(stream(), media_type="text/plain")
-
-    async def reply(request: Request) -> Response:
+    async def reply(request: web.Request) -> web.Response:
         body = await request.json()
         model.replies.setdefault(str(body["job"]), time.time())
-        return JSONResponse({"id": f"msg-{body['job']}"})
+        return web.json_response({"id": f"msg-{body['job']}"})
 
-    async def stats(request: Request) -> Response:
+    async def stats(request: web.Request) -> web.Response:
         out: dict[str, Any] = {
             "calls": model.calls,
             "rejected": model.rejected,
@@ -97,23 +92,25 @@ def build(model: Model) -> Starlette:
             "drawn_mean_s": model.drawn / max(1, model.calls - model.rejected),
             "replies": len(model.replies),
         }
-        if request.query_params.get("full"):
+        if request.query.get("full"):
             out["starts"] = model.starts
             out["reply_times"] = sorted(model.replies.values())
-        return JSONResponse(out)
+        return web.json_response(out)
 
-    async def reset(request: Request) -> Response:
+    async def reset(request: web.Request) -> web.Response:
         model.reset()
-        return JSONResponse({"ok": True})
+        return web.json_response({"ok": True})
 
-    return Starlette(
-        routes=[
-            Route("/v1/chat", chat, methods=["POST"]),
-            Route("/v1/reply", reply, methods=["POST"]),
-            Route("/stats", stats, methods=["GET"]),
-            Route("/reset", reset, methods=["POST"]),
+    app = web.Application()
+    app.add_routes(
+        [
+            web.post("/v1/chat", chat),
+            web.post("/v1/reply", reply),
+            web.get("/stats", stats),
+            web.post("/reset", reset),
         ]
     )
+    return app
 
 
 def main() -> None:
@@ -126,14 +123,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     model = Model(args.mean_s, args.sigma, args.tokens, args.limit, args.seed)
-    uvicorn.run(
+    # aiohttp's server parses HTTP in C: the mock's CPU per call stays well
+    # below the runners' (uvicorn without httptools parses in pure Python).
+    web.run_app(
         build(model),
         host="127.0.0.1",
         port=args.port,
-        log_level="warning",
-        access_log=False,
         backlog=16384,
-        timeout_keep_alive=120,
+        keepalive_timeout=120,
+        print=None,
+        access_log=None,
     )
 
 

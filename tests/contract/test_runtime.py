@@ -23,7 +23,7 @@ FAST = {"claim_ttl_s": 3.0, "renew_interval_s": 0.3}
 
 @contextmanager
 def running(harness, registry: Registry, **options) -> Iterator[AsyncWorker]:
-    opts = RuntimeOptions(get_wait_s=0.05, heartbeat_s=1.0, grace_s=5.0, **options)
+    opts = RuntimeOptions(**{"get_wait_s": 0.05, "heartbeat_s": 1.0, "grace_s": 5.0, **options})
     worker = AsyncWorker(harness.settings, harness.store, harness.transport, registry, options=opts)
     result: list[bool] = []
     thread = threading.Thread(target=lambda: result.append(worker.run_forever()), daemon=True)
@@ -223,3 +223,38 @@ def test_a_child_turn_on_the_runtime_sees_its_parents_results(harness):
     with running(harness, reg, concurrency=4, threads=2):
         wait_until(lambda: harness.store.get(child.job_id, "t").status is Status.SUCCEEDED, timeout=30)
     assert harness.store.get(child.job_id, "t").result == {"parents": {a.job_id: {"from": "a"}}}
+
+
+def test_a_finished_turn_commits_while_the_claimer_waits_for_work(make_harness):
+    # The claimer of a dry queue waits for news (here until the test lets it
+    # go); the turn it started must commit meanwhile: the wait holds no
+    # thread that commits need.
+    harness = make_harness(**FAST)
+    started, waiting, let_go = threading.Event(), threading.Event(), threading.Event()
+    real_wait = harness.transport.wait
+
+    def held_wait(timeout_s: float) -> None:
+        if not started.is_set():  # before the turn came (a consumer may still be joining)
+            real_wait(timeout_s)
+            return
+        waiting.set()
+        let_go.wait(60)
+
+    harness.transport.wait = held_wait  # type: ignore[method-assign]
+    reg = Registry()
+
+    @reg.register("agent")
+    async def agent(turn, guard):
+        started.set()
+        while not waiting.is_set():  # the claimer is in its wait: finish now
+            await asyncio.sleep(0.01)
+        return "done"
+
+    job = harness.dispatcher().submit(Submission(kind="agent", tenant="t"))
+    try:
+        with running(harness, reg, concurrency=4) as worker:
+            wait_until(lambda: worker.ended[TurnEnd.COMPLETED] == 1, timeout=30)
+            let_go.set()
+    finally:
+        let_go.set()
+    assert harness.store.get(job.job_id, "t").status is Status.SUCCEEDED

@@ -13,27 +13,31 @@ from ..stores.base import LedgerAnswer, LedgerOp, Store
 
 class Ledger:
     """Queues :class:`LedgerOp` from the loop and writes them in batches on
-    ``executor``, one batch at a time (one writer per database anyway)."""
+    ``executor``, up to ``writers`` batches at a time: one on SQLite (one
+    writer per file anyway), several on PostgreSQL, where a batch costs a
+    round trip per op and batches of different turns lock different rows."""
 
-    def __init__(self, store: Store, executor: Executor, *, max_batch: int = 1024) -> None:
+    def __init__(self, store: Store, executor: Executor, *, max_batch: int = 1024, writers: int = 1) -> None:
         self.store = store
         self.executor = executor
         self.max_batch = max_batch
+        self.writers = writers
         self._pending: list[tuple[LedgerOp, asyncio.Future[LedgerAnswer]]] = []
-        self._writing = False
+        self._active = 0
         #: Batches written, and ops in them (statements per turn in the benchmark).
         self.batches = 0
         self.ops = 0
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # held: the loop keeps tasks weakly
 
     def submit(self, op: LedgerOp) -> asyncio.Future[LedgerAnswer]:
         """Queue ``op``; the future gets its answer once its batch committed
         (or the batch's exception)."""
         fut: asyncio.Future[LedgerAnswer] = asyncio.get_running_loop().create_future()
         self._pending.append((op, fut))
-        if not self._writing:
-            self._writing = True
-            self._task = asyncio.get_running_loop().create_task(self._write())
+        if self._active < self.writers:
+            self._active += 1
+            self._tasks.add(task := asyncio.get_running_loop().create_task(self._write()))
+            task.add_done_callback(self._tasks.discard)
         return fut
 
     async def _write(self) -> None:
@@ -55,4 +59,4 @@ class Ledger:
                     if not fut.done():
                         fut.set_result(answer)
         finally:
-            self._writing = False
+            self._active -= 1

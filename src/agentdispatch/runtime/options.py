@@ -26,3 +26,6 @@ class RuntimeOptions:
     cancel_poll_s: float = 1.0
     #: Finished turns committed and acknowledged per transaction at most.
     commit_batch: int = 256
+    #: Ledger batches written at once (0: four on PostgreSQL, where each op
+    #: costs round trips; one elsewhere, where one writer holds the file).
+    ledger_writers: int = 0

@@ -137,7 +137,8 @@ class AsyncWorker:
         opts = self.options
         handlers = ThreadPoolExecutor(opts.threads, thread_name_prefix="handler")
         self._io = ThreadPoolExecutor(opts.io_threads, thread_name_prefix="io")
-        self.ledger = Ledger(self.store, ThreadPoolExecutor(1, thread_name_prefix="ledger"))
+        writers = opts.ledger_writers or (4 if getattr(self.store, "name", "") == "postgres" else 1)
+        self.ledger = Ledger(self.store, ThreadPoolExecutor(writers, thread_name_prefix="ledger"), writers=writers)
         # Claims and commits take turns on one thread: run side by side they
         # lock queue, fairness and item rows in opposite orders (PostgreSQL
         # deadlocks); on SQLite they queue for the one writer anyway.
@@ -214,7 +215,8 @@ class AsyncWorker:
             if claimed:
                 self._beat_soon()
             if dry and not self.stopping:
-                await self._off(self._claims, self.transport.wait, self.options.get_wait_s)
+                # Not on the traffic thread: finished turns commit meanwhile.
+                await self._off(self._io, self.transport.wait, self.options.get_wait_s)
 
     def _start(self, c: Claimed, handlers: Executor) -> None:
         item, lease = c.claim.item, c.claim.lease

@@ -394,8 +394,9 @@ class PostgresStore:
 
         def op(tx: PostgresTx) -> list[LedgerAnswer]:
             lost: dict[int, LeaseLost] = {}
-            if begins:
-                tx.read_items([b.lease.job_id for b in begins])  # one round trip, rows locked in id order
+            # One round trip reads (and locks, in id order) the items of every
+            # op: a begin renews its item, a settlement checks its lease.
+            tx.read_items([o.lease.job_id for o in ops])
 
             def settled(o: LedgerOp, recorded: bool) -> None:
                 # As effect_end: a settlement written after the lease ran out

@@ -144,6 +144,10 @@ class PostgresTransport:
         self._listen = listen
         self._lock = threading.Lock()
         self._local = threading.local()
+        #: The generation of the latest get of any thread: a waiter on a
+        #: thread that never gets (the async worker waits off its claim
+        #: thread) still returns for a notification that came since.
+        self._last_seen: int | None = None
 
     def _ensure_listener(self) -> _Listener | None:
         if not self._listen:
@@ -174,7 +178,7 @@ class PostgresTransport:
         # Inside a transaction that goes on to claim the items, read them too.
         read = self.db.joined()
         params = {"owner": owner, "vis": visibility_s, "n": n, "read": read}
-        self._local.seen = self._wake.generation()
+        self._local.seen = self._last_seen = self._wake.generation()
 
         def claim(conn: Conn) -> list[dict[str, Any]]:
             # A function call (its plans are cached inside): a pending BEGIN rides with it.
@@ -215,7 +219,7 @@ class PostgresTransport:
         listener = self._ensure_listener()
         seen = getattr(self._local, "seen", None)
         if seen is None:
-            seen = self._wake.generation()
+            seen = self._last_seen if self._last_seen is not None else self._wake.generation()
         poll = self.poll_s if listener is not None and listener.healthy else self.fallback_poll_s
         self._wake.wait(seen, min(poll, max(0.0, timeout_s)))
 
