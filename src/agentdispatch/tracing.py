@@ -31,6 +31,12 @@ def _otel() -> ModuleType | None:
     return trace
 
 
+def _configured(trace: ModuleType) -> bool:
+    """Whether an SDK provider is set: without one a span records nothing, and
+    the hot path (a span per claim, effect and commit) should not pay for it."""
+    return not isinstance(trace.get_tracer_provider(), (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+
+
 def enabled() -> bool:
     """Whether OpenTelemetry is importable (spans may still be no-ops)."""
     return _otel() is not None
@@ -43,9 +49,11 @@ def _attrs(values: Mapping[str, Any]) -> dict[str, Any]:
 @contextlib.contextmanager
 def span(name: str, *, parent: Any = None, **attributes: Any) -> Iterator[Any]:
     """A span made current for the block (``parent``: a span to hang it
-    under instead of the current one). Yields the span, or None."""
+    under instead of the current one). Yields the span, or None (also when
+    no SDK is configured; the turn's own span from :func:`start` still
+    carries a remote parent's context onward)."""
     trace = _otel()
-    if trace is None:
+    if trace is None or not _configured(trace):
         yield None
         return
     ctx = trace.set_span_in_context(parent) if parent is not None else None
