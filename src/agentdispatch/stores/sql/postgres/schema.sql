@@ -682,13 +682,17 @@ BEGIN
              ORDER BY t.priority DESC, t.last_served, t.since
              LIMIT 1
         ), pick AS MATERIALIZED (
-            SELECT id FROM expired UNION ALL SELECT id FROM round UNION ALL SELECT id FROM walk
+            -- The picked ids as one array, in claim order: the update below is
+            -- then a primary-key probe per id. Joined as a row set, the generic
+            -- plan (which guesses LIMIT v_k at a tenth of the tenants) hashed
+            -- the whole queue once the fairness tables held many tenants.
+            SELECT ARRAY(SELECT id FROM expired UNION ALL SELECT id FROM round UNION ALL SELECT id FROM walk) AS ids
         ), claimed AS (
             UPDATE agent_dispatch_queue q
             SET claimed_by = p_owner, claimed_at = clock.now, visible_at = clock.now + p_vis,
                 deliveries = q.deliveries + 1
-            FROM pick, clock
-            WHERE q.id = pick.id
+            FROM clock
+            WHERE q.id = ANY((SELECT p.ids FROM pick p)::bigint[])
             RETURNING q.id, q.job_id, q.envelope, q.deliveries, q.claimed_at, q.priority, q.group_ref, q.tenant_ref
         ), mark AS MATERIALIZED (
             -- Least recently served is approximate by design: a row another claim is
@@ -727,6 +731,7 @@ BEGIN
         LEFT JOIN LATERAL (
             SELECT * FROM dispatch_item_read(c.job_id, true) WHERE p_read
         ) r ON true
+        ORDER BY array_position((SELECT p.ids FROM pick p), c.id)
         LOOP
             id := rec.id; envelope := rec.envelope; deliveries := rec.deliveries; claimed_at := rec.claimed_at;
             job_id := rec.job_id; now := rec.now; item := rec.item; leaf := rec.leaf;
