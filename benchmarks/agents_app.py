@@ -8,11 +8,9 @@ the reply (a POST to the mock, which counts each turn's reply once)."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import inspect
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -24,12 +22,6 @@ import httpx
 from agentdispatch.handlers import Registry, Turn
 
 registry = Registry()
-# httpcore tries ``import sniffio`` on every request and shielded close; where
-# sniffio is not installed (anyio 4 no longer needs it) each failed import
-# searches sys.path again. A None entry makes that import fail at once: the
-# same answer, without the search (for every system of the benchmark alike).
-if importlib.util.find_spec("sniffio") is None:
-    sys.modules["sniffio"] = None  # type: ignore[assignment]
 # A log line per HTTP request would cost the runner under test CPU per turn.
 logging.getLogger("httpx").setLevel(logging.WARNING)
 _LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=None)
