@@ -16,6 +16,7 @@ import pytest
 
 from agentdispatch.gateway.intake.admit import BACKLOG_PER_AGENT
 from agentdispatch.gateway.intake.store import _dialect
+from agentdispatch.stores.postgres import PostgresStore
 from backends import fresh_pg_database
 from e2e.gatewayproc import Gateway
 from intake.kit import (
@@ -154,5 +155,42 @@ def test_intake_near_the_backlog_bound_does_not_wait_for_another_intake(tmp_path
         if worker is not None:
             worker.terminate()
             worker.wait(timeout=60)
+        for fn in cleanup:
+            fn()
+
+
+def test_backlog_slots_of_ended_items_are_taken_again() -> None:
+    """The backlog bound counts open items only: once some of an agent's items
+    end, that many new intakes are admitted (whichever slots they held), and
+    the next one is refused again."""
+    cleanup: list[Callable[[], None]] = []
+    uri = fresh_pg_database(cleanup)
+    try:
+        store = PostgresStore(uri)
+        store.migrate()
+        store.close()
+        bound = 6
+        with psycopg.connect(uri, autocommit=True) as conn:
+
+            def intake(job: str) -> bool:
+                with conn.transaction():
+                    row = conn.execute("SELECT dispatch_intake_backlog('helper', %s, %s)", (bound, job)).fetchone()
+                    assert row is not None
+                    if int(row[0]) >= bound:
+                        return False
+                    conn.execute(
+                        "INSERT INTO work_items (id, tenant, session_id, session_ref, kind, agent_name, payload,"
+                        " status, max_attempts, created_at, ready_at, updated_at)"
+                        " VALUES (%s, 'acme', %s, %s, 'intake_turn', 'helper', '{}', 'ready', 5, 0, 0, 0)",
+                        (job, job, job),
+                    )
+                    return True
+
+            assert [intake(f"a{i}") for i in range(bound + 1)] == [True] * bound + [False]
+            conn.execute("UPDATE work_items SET status = 'succeeded' WHERE id IN ('a1', 'a4')")
+            assert [intake(f"b{i}") for i in range(3)] == [True, True, False]
+            held = conn.execute("SELECT job_id FROM intake_backlog_slots WHERE agent = 'helper' ORDER BY job_id")
+            assert [r[0] for r in held] == ["a0", "a2", "a3", "a5", "b0", "b1"]
+    finally:
         for fn in cleanup:
             fn()

@@ -36,6 +36,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 #: Seconds an installation lookup is reused by the request path.
 CACHE_S = 2.0
+#: Threads for the request path's store calls. Each is one short transaction
+#: (commits are shared: group commit on SQLite, one WAL flush on PostgreSQL),
+#: so a few threads keep the store busy; more only take the GIL from the
+#: event loop that parses requests and sends the answers.
+STORE_THREADS = 8
 
 
 class Unavailable(Exception):
@@ -66,8 +71,9 @@ class Intake:
     def __init__(self, services: Services) -> None:
         self.services = services
         # Store calls leave the event loop; a slow one is abandoned, not awaited.
-        self.pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="intake")
+        self.pool = ThreadPoolExecutor(max_workers=STORE_THREADS, thread_name_prefix="intake")
         self._insts: dict[tuple[str, str], tuple[float, list[dict[str, Any]]]] = {}
+        self._inst_reads: dict[tuple[str, str], asyncio.Future[list[dict[str, Any]]]] = {}
         self._secrets: dict[tuple[str, str], dict[str, Any]] = {}
 
     @property
@@ -108,14 +114,29 @@ class Intake:
 
     async def installations(self, connector: str, route_key: str) -> list[dict[str, Any]]:
         # Cached briefly: a rotated secret or a new installation counts within CACHE_S.
-        key, now = (connector, route_key), time.monotonic()
+        key = (connector, route_key)
         hit = self._insts.get(key)
-        if hit is not None and hit[0] > now:
+        if hit is not None and hit[0] > time.monotonic():
             return hit[1]
+        # One read per key at a time: when the entry expires under load, the
+        # requests of that moment share it instead of each taking a thread.
+        read = self._inst_reads.get(key)
+        if read is None:
+            read = self._inst_reads[key] = asyncio.ensure_future(self._read_installations(key))
+            read.add_done_callback(lambda f: self._read_done(key, f))
+        return await asyncio.shield(read)
+
+    def _read_done(self, key: tuple[str, str], read: asyncio.Future[list[dict[str, Any]]]) -> None:
+        self._inst_reads.pop(key, None)
+        if not read.cancelled():
+            read.exception()  # retrieved: no "never retrieved" noise when every waiter left
+
+    async def _read_installations(self, key: tuple[str, str]) -> list[dict[str, Any]]:
+        connector, route_key = key
         rows = await self.db(lambda _: self.istore.read("inst_by_route", connector=connector, route_key=route_key))
         if len(self._insts) > 10_000:
             self._insts.clear()
-        self._insts[key] = (now + CACHE_S, rows)
+        self._insts[key] = (time.monotonic() + CACHE_S, rows)
         return rows
 
     async def record(self, inc: Incoming, rejected: Answer) -> Answer:
