@@ -32,9 +32,9 @@ BODY_TIMEOUT_S = 2.0
 
 
 def kafka_start_up(data: Path) -> float:
+    from agentdispatch.backends.kafka.transport import KafkaTransport
     from agentdispatch.errors import TaskQueueUnavailable
     from agentdispatch.settings import load_settings
-    from agentdispatch.transports.kafka import KafkaTransport
 
     env = {
         "TASK_QUEUE_BACKEND": "kafka",

@@ -54,12 +54,12 @@ from pathlib import Path
 from typing import Any
 
 from agentdispatch import Dispatcher, Submission, Worker, WorkerOptions, load_settings, open_backends
+from agentdispatch.backends.kafka.transport import KafkaTransport
 from agentdispatch.envelope import Envelope
 from agentdispatch.factory import open_store
 from agentdispatch.handlers import builtins
 from agentdispatch.runtime import AsyncWorker, RuntimeOptions
 from agentdispatch.settings import Settings
-from agentdispatch.transports.kafka import KafkaTransport
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
 from kafka_broker import free_port, tansu_binary

@@ -47,15 +47,15 @@ from urllib.parse import quote
 import psycopg
 
 from agentdispatch import Dispatcher, Submission, Worker, WorkerOptions, load_settings
+from agentdispatch.backends.postgres.db import explain_nested
+from agentdispatch.backends.postgres.store import PostgresStore
+from agentdispatch.backends.postgres.transport import PostgresTransport
 from agentdispatch.handlers import Registry, Turn, builtins
 from agentdispatch.lease import LeaseGuard
 from agentdispatch.sqlfiles import queries
-from agentdispatch.stores.pg_db import explain_nested
-from agentdispatch.stores.postgres import PostgresStore
-from agentdispatch.transports.postgres import PostgresTransport
 
 BASE = os.environ.get("AGENTDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
-GET = queries("agentdispatch.transports.sql", "postgres.sql")["get"]
+GET = queries("agentdispatch.backends.postgres.sql", "transport.sql")["get"]
 
 
 @contextmanager

@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from agentdispatch import Dispatcher, Submission, Worker, WorkerOptions, load_settings, open_backends
+from agentdispatch.backends.sqlite.db import BUSY_TIMEOUT_MS
 from agentdispatch.handlers import builtins
-from agentdispatch.sqlite_db import BUSY_TIMEOUT_MS
 
 
 def _written() -> int | None:

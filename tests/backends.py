@@ -123,8 +123,8 @@ def _pg_backed(name: str, uri: str, drop: Callable[[], None], overrides: dict[st
 def kafka_harness(tmp_path: Path, *, pg: bool = False, **overrides: Any) -> Harness:
     """Envelopes on a fresh Tansu broker (started here, killed at close); the
     store on SQLite, or on a fresh PostgreSQL database with ``pg``."""
+    from agentdispatch.backends.kafka.transport import KafkaTransport
     from agentdispatch.factory import open_store
-    from agentdispatch.transports.kafka import KafkaTransport
     from kafka_broker import Broker
 
     broker = Broker(tmp_path / "broker").start()

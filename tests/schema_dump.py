@@ -93,7 +93,7 @@ def main(dialect: str) -> None:
     """Print the catalog of a freshly migrated database of ``dialect``: run it
     before and after folding a migration into ``schema.sql`` and diff the two."""
     if dialect == "sqlite":
-        from agentdispatch.stores.sqlite import SqliteStore
+        from agentdispatch.backends.sqlite.store import SqliteStore
 
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "fresh.db"
@@ -102,7 +102,7 @@ def main(dialect: str) -> None:
             store.close()
             lines = sqlite_dump(path)
     else:
-        from agentdispatch.stores.postgres import PostgresStore
+        from agentdispatch.backends.postgres.store import PostgresStore
         from pg import create_schema
 
         name, uri, drop = create_schema()

@@ -26,17 +26,17 @@ def open_store(settings: Settings, *, migrate: bool | None = None) -> Store:
     SQLite migrates itself (zero setup); PostgreSQL needs ``agentdispatch migrate``."""
     store: Store
     if settings.state_db_uri:
-        cls = _load("stores.postgres", "PostgresStore", "postgres")
+        cls = _load("backends.postgres.store", "PostgresStore", "postgres")
         # One connection first: an unreachable or missing database is one
         # line with its cause now, not pool retries and a timeout later.
-        _load("stores.pg_db", "probe", "postgres")(settings.state_db_uri)
+        _load("backends.postgres.db", "probe", "postgres")(settings.state_db_uri)
         store = cls(
             settings.state_db_uri,
             extra_attempts=settings.max_attempts,
             prepared=settings.pg_prepared_statements,
         )
     else:
-        from .stores.sqlite import SqliteStore
+        from .backends.sqlite.store import SqliteStore
 
         store = SqliteStore(settings.sqlite_path, extra_attempts=settings.max_attempts)
         migrate = True if migrate is None else migrate
@@ -53,8 +53,8 @@ def open_transport(settings: Settings, store: Store) -> Transport:
             raise TaskQueueUnavailable(
                 "TASK_QUEUE_BACKEND=sqlite needs the SQLite store; unset STATE_DB_URI or choose postgres"
             )
-        from .stores.sqlite import SqliteStore
-        from .transports.sqlite import SqliteTransport
+        from .backends.sqlite.store import SqliteStore
+        from .backends.sqlite.transport import SqliteTransport
 
         # One SqliteDb per process and file: store and transport share its
         # connections and its writer mutex.
@@ -65,9 +65,9 @@ def open_transport(settings: Settings, store: Store) -> Transport:
     if backend is Backend.POSTGRES:
         if store.name != "postgres":
             raise TaskQueueUnavailable("TASK_QUEUE_BACKEND=postgres needs STATE_DB_URI=postgresql://...")
-        cls = _load("transports.postgres", "PostgresTransport", "postgres")
+        cls = _load("backends.postgres.transport", "PostgresTransport", "postgres")
         return cls(store)  # type: ignore[no-any-return]
-    cls = _load("transports.kafka", "KafkaTransport", "kafka")
+    cls = _load("backends.kafka.transport", "KafkaTransport", "kafka")
     return cls(settings)  # type: ignore[no-any-return]
 
 

@@ -34,12 +34,12 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .backends.memory.db import MemoryDb
+from .backends.memory.store import MemoryStore
+from .backends.memory.transport import MemoryTransport
 from .dispatch import Dispatcher
 from .handlers import Registry
-from .memory_db import MemoryDb
 from .settings import Settings, load_settings
-from .stores.memory import MemoryStore
-from .transports.memory import MemoryTransport
 from .worker import Worker, WorkerOptions
 
 __all__ = ["FakeClock", "MemoryBackend", "memory_dispatcher"]

@@ -13,11 +13,11 @@ import httpx
 import pytest
 import uvicorn
 
+from agentdispatch.backends.sqlite.db import SqliteDb
+from agentdispatch.backends.sqlite.store import SqliteStore
+from agentdispatch.backends.sqlite.transport import SqliteTransport
 from agentdispatch.gateway import Services, create_app
 from agentdispatch.gateway.auth import mint
-from agentdispatch.sqlite_db import SqliteDb
-from agentdispatch.stores.sqlite import SqliteStore
-from agentdispatch.transports.sqlite import SqliteTransport
 from backends import Harness, sqlite_harness
 from e2e.gatewayproc import free_port
 

@@ -25,12 +25,12 @@ from typing import Any
 import pytest
 
 from agentdispatch import NOT_HAPPENED, Status, Submission
+from agentdispatch.backends.kafka.transport import KafkaTransport
+from agentdispatch.backends.sqlite.store import SqliteStore
 from agentdispatch.dispatch import Dispatcher
 from agentdispatch.handlers import Registry
 from agentdispatch.lease import NotHappened
 from agentdispatch.settings import Settings, load_settings
-from agentdispatch.stores.sqlite import SqliteStore
-from agentdispatch.transports.kafka import KafkaTransport
 from agentdispatch.worker import Worker, WorkerOptions
 
 sys.path.insert(0, str(Path(__file__).parents[1]))

@@ -16,13 +16,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from agentdispatch import Status, Submission
+from agentdispatch.backends.kafka.transport import KafkaTransport
+from agentdispatch.backends.sqlite.store import SqliteStore
 from agentdispatch.dispatch import Dispatcher
 from agentdispatch.envelope import Envelope
 from agentdispatch.handlers import Registry
 from agentdispatch.settings import Settings, load_settings
-from agentdispatch.stores.sqlite import SqliteStore
 from agentdispatch.transports.base import Delivery
-from agentdispatch.transports.kafka import KafkaTransport
 from kafka_broker import Broker
 
 FAST = {"max_poll_interval_ms": 10_000, "session_timeout_ms": 6_000, "timeout_s": 3.0}

@@ -19,15 +19,15 @@ sys.path.insert(0, str(Path(__file__).parents[1]))
 import contextlib
 
 from agentdispatch import QueueFull, Status, Submission
+from agentdispatch.backends.kafka.transport import KafkaTransport
+from agentdispatch.backends.sqlite.store import SqliteStore
 from agentdispatch.dispatch import Dispatcher
 from agentdispatch.envelope import Envelope
 from agentdispatch.errors import DepthUnavailable, TaskQueueUnavailable
 from agentdispatch.handlers import Registry
 from agentdispatch.reconciler import reconcile_once
 from agentdispatch.settings import Settings, load_settings
-from agentdispatch.stores.sqlite import SqliteStore
 from agentdispatch.transports.base import Delivery, Receipt
-from agentdispatch.transports.kafka import KafkaTransport
 from agentdispatch.worker import Worker, WorkerOptions
 from kafka_broker import Broker, free_port
 

@@ -9,12 +9,12 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
+from agentdispatch.backends.postgres.store import PostgresStore
+from agentdispatch.backends.postgres.transport import PostgresTransport
 from agentdispatch.dispatch import Dispatcher, Submission
 from agentdispatch.errors import QueueFull
 from agentdispatch.settings import load_settings
 from agentdispatch.stores.base import NewJob
-from agentdispatch.stores.postgres import PostgresStore
-from agentdispatch.transports.postgres import PostgresTransport
 from pg import admin, create_schema
 
 ACTIVE = "status IN ('submitted', 'ready', 'leased', 'running')"

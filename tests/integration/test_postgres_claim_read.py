@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from agentdispatch.backends.postgres.tx import PostgresTx
 from agentdispatch.dispatch import Submission
 from agentdispatch.envelope import Envelope
 from agentdispatch.stores.base import ClaimKind
-from agentdispatch.stores.pg_tx import PostgresTx
 from backends import Harness, fresh_pg_database, pg_harness_at
 
 
@@ -105,7 +105,7 @@ def test_a_notification_says_how_many_rows_came(own_db: Harness) -> None:
     h = own_db
     import psycopg
 
-    from agentdispatch.transports.postgres import CHANNEL, PostgresTransport
+    from agentdispatch.backends.postgres.transport import CHANNEL, PostgresTransport
 
     assert isinstance(h.transport, PostgresTransport)
     with psycopg.connect(h.transport.db.uri, autocommit=True) as listen:

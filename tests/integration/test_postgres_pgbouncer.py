@@ -15,8 +15,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parents[1]))
 
 from agentdispatch import Dispatcher, Submission, load_settings
-from agentdispatch.stores.postgres import PostgresStore
-from agentdispatch.transports.postgres import PostgresTransport
+from agentdispatch.backends.postgres.store import PostgresStore
+from agentdispatch.backends.postgres.transport import PostgresTransport
 from backends import fresh_pg_database
 from pgbouncer import bouncer
 

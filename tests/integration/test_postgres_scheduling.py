@@ -11,12 +11,12 @@ import time
 import psycopg
 import pytest
 
+from agentdispatch.backends.postgres.db import explain_nested
 from agentdispatch.dispatch import Submission
 from agentdispatch.envelope import Envelope
 from agentdispatch.handlers import Registry, Turn
 from agentdispatch.lease import LeaseGuard
 from agentdispatch.sqlfiles import queries
-from agentdispatch.stores.pg_db import explain_nested
 from agentdispatch.transports.base import Delivery
 from backends import Harness
 from pg import admin
@@ -156,7 +156,7 @@ def test_fair_claim_is_an_index_scan(h: Harness) -> None:
     with admin() as conn:
         conn.execute(f"SET search_path = {schema}")
         _big_backlog(conn, tenants=10_000, sessions=10_000)
-        sql = queries("agentdispatch.transports.sql", "postgres.sql")["get"]
+        sql = queries("agentdispatch.backends.postgres.sql", "transport.sql")["get"]
         # The fair claim runs inside dispatch_claim: its plan as executed there.
         plan = explain_nested(conn, sql, {"owner": "x", "vis": 30.0, "n": 1, "read": False})
     assert "agent_dispatch_queue" in plan, plan

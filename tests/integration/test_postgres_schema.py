@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from agentdispatch.backends.postgres.store import PostgresStore
+from agentdispatch.backends.postgres.transport import PostgresTransport
 from agentdispatch.errors import DepthUnavailable, TaskQueueUnavailable
 from agentdispatch.stores import schema as schema_steps
-from agentdispatch.stores.postgres import PostgresStore
-from agentdispatch.transports.postgres import PostgresTransport
 from pg import admin, create_schema
 
 EXPECTED: dict[str, list[str]] = {
@@ -47,7 +47,7 @@ EXPECTED: dict[str, list[str]] = {
 }  # fmt: skip
 
 
-LATEST = schema_steps.latest("agentdispatch.stores.sql.postgres")
+LATEST = schema_steps.latest("agentdispatch.backends.postgres.sql")
 
 
 @pytest.fixture

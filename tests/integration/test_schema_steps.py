@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from agentdispatch.backends.postgres.store import PostgresStore
+from agentdispatch.backends.sqlite.store import SqliteStore
 from agentdispatch.errors import TaskQueueUnavailable
 from agentdispatch.stores import schema
 from agentdispatch.stores.base import NewJob, Store
-from agentdispatch.stores.postgres import PostgresStore
-from agentdispatch.stores.sqlite import SqliteStore
 from pg import admin, create_schema
 from schema_dump import pg_dump, sqlite_dump
 
@@ -59,7 +59,7 @@ def databases(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factor
                 conn.executescript(sql)
 
         return Database(
-            "sqlite", "agentdispatch.stores.sql.sqlite", lambda: SqliteStore(path), lambda: sqlite_dump(path), raw
+            "sqlite", "agentdispatch.backends.sqlite.sql", lambda: SqliteStore(path), lambda: sqlite_dump(path), raw
         )
 
     def postgres_db() -> Database:
@@ -72,7 +72,7 @@ def databases(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Factor
                 conn.execute(sql.encode())
 
         return Database(
-            "postgres", "agentdispatch.stores.sql.postgres", lambda: PostgresStore(uri), lambda: pg_dump(name), raw
+            "postgres", "agentdispatch.backends.postgres.sql", lambda: PostgresStore(uri), lambda: pg_dump(name), raw
         )
 
     try:

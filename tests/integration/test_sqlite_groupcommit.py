@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agentdispatch.sqlite_db import SqliteDb
+from agentdispatch.backends.sqlite.db import SqliteDb
 
 
 def test_concurrent_durable_writes_share_commits_and_fail_alone(tmp_path: Path) -> None:

@@ -99,7 +99,7 @@ def test_fairness_rows_are_pruned_when_nothing_is_queued(h: Harness) -> None:
 def test_fair_claim_reads_by_index_only(h: Harness) -> None:
     d = h.dispatcher()
     d.submit_many([Submission(kind="echo", tenant=f"t{i % 50}", session_id=f"s{i % 500}") for i in range(2000)])
-    sql = queries("agentdispatch.transports.sql", "sqlite.sql")["get"]
+    sql = queries("agentdispatch.backends.sqlite.sql", "transport.sql")["get"]
     plan = [
         str(r[3])
         for r in h.store.db.conn().execute("EXPLAIN QUERY PLAN " + sql, {"owner": "x", "now": time.time(), "vis": 1.0})

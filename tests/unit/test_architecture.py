@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,17 +33,8 @@ def test_only_settings_reads_the_environment() -> None:
     assert readers == [Path("settings.py")]
 
 
-#: The database each backend module belongs to, by its file name. Every module
-#: under stores/ and transports/ (and a top-level ``*_db.py`` connection layer)
-#: is discovered, so a new backend file is covered without editing this test.
-DATABASES = {"sqlite": "sqlite", "pg": "postgres", "postgres": "postgres", "kafka": "kafka", "memory": "memory"}
-#: Modules of the two seams that belong to no database.
+#: The seams every backend implements; they belong to no database.
 SEAM_MODULES = {"stores.base", "stores.engine", "stores.rows", "stores.schema", "transports.base"}
-#: Imports from one backend into another that are known and deliberate. The
-#: PostgreSQL transport shares the store's connection pool (its outbox and
-#: queue rows are written in the store's transaction); issue 22 gives each
-#: database one package, after which this entry goes.
-KNOWN_CROSSINGS = {("transports.postgres", "stores.pg_db")}
 
 
 def _absolute(path: Path, name: str) -> str:
@@ -58,50 +48,37 @@ def _absolute(path: Path, name: str) -> str:
 
 
 def _backend_modules() -> dict[str, str]:
-    """Every backend module (dotted, under the package) and its database."""
+    """Every backend module (dotted, under the package) and its database: the
+    directory under ``backends/`` it lives in, so a new file is covered
+    without editing this test."""
     found: dict[str, str] = {}
-    candidates = [*SRC.glob("stores/*.py"), *SRC.glob("transports/*.py"), *SRC.glob("*_db.py")]
-    for path in candidates:
+    for path in SRC.glob("backends/*/*.py"):
         dotted = ".".join(path.relative_to(SRC).with_suffix("").parts)
-        if path.stem == "__init__" or dotted in SEAM_MODULES:
-            continue
-        database = DATABASES.get(re.split(r"[_.]", path.stem)[0])
-        assert database is not None, f"{dotted}: neither a seam module nor named after a database"
-        found[dotted] = database
+        if path.stem != "__init__":
+            found[dotted] = path.parent.name
     return found
 
 
-def test_every_backend_module_is_discovered() -> None:
+def test_every_backend_lives_in_its_database_package() -> None:
     found = _backend_modules()
-    # The modules the first version of this test listed by hand, and the
-    # connection layers that list missed.
-    assert {
-        "stores.sqlite",
-        "stores.postgres",
-        "transports.kafka",
-        "stores.pg_db",
-        "stores.pg_tx",
-        "sqlite_db",
-        "memory_db",
-        "stores.memory_tx",
-    } <= set(found)
     assert set(found.values()) == {"sqlite", "postgres", "kafka", "memory"}
+    # Outside backends/ only the seams remain: no connection layer or store
+    # of one database sits beside them.
+    seams = {
+        ".".join(p.relative_to(SRC).with_suffix("").parts)
+        for p in [*SRC.glob("stores/*.py"), *SRC.glob("transports/*.py"), *SRC.glob("*_db.py")]
+        if p.stem != "__init__"
+    }
+    assert seams == SEAM_MODULES
 
 
 def test_no_backend_imports_another() -> None:
-    """A backend module imports no module of another database, and the store
-    and transport backends reach each other only through the known crossings;
-    a module may import the shared connection layer of its own database."""
+    """A backend module imports no module of another database."""
     modules = _backend_modules()
-    crossings: set[tuple[str, str]] = set()
     for module, database in modules.items():
         path = SRC / (module.replace(".", "/") + ".py")
         for target in {_absolute(path, n) for n in _imports(path)} & set(modules):
             assert modules[target] == database, f"{module} ({database}) imports {target} ({modules[target]})"
-            side, target_side = module.split(".")[0], target.split(".")[0]
-            if target_side in ("stores", "transports") and side != target_side:
-                crossings.add((module, target))
-    assert crossings == KNOWN_CROSSINGS
 
 
 #: Modules outside the backends that may import one: the factory (every
@@ -109,7 +86,7 @@ def test_no_backend_imports_another() -> None:
 BACKEND_IMPORTERS = {"factory", "testing"}
 #: Known reaches past the seams into one backend: intake's PostgreSQL request
 #: path, until intake has a seam of its own (issue 22).
-KNOWN_REACHES = {("gateway.intake.admit", "stores.pg_tx")}
+KNOWN_REACHES = {("gateway.intake.admit", "backends.postgres.tx")}
 
 
 def test_only_the_factory_imports_backends() -> None:
@@ -140,8 +117,9 @@ def test_importing_the_package_starts_no_thread_and_reads_no_sql() -> None:
     code = (
         "import threading\n"
         "import agentdispatch, agentdispatch.cli, agentdispatch.factory\n"
-        "import agentdispatch.stores.sqlite, agentdispatch.transports.sqlite\n"
-        "import agentdispatch.stores.postgres, agentdispatch.transports.postgres, agentdispatch.transports.kafka\n"
+        "import agentdispatch.backends.sqlite.store, agentdispatch.backends.sqlite.transport\n"
+        "import agentdispatch.backends.postgres.store, agentdispatch.backends.postgres.transport\n"
+        "import agentdispatch.backends.kafka.transport\n"
         "from agentdispatch.sqlfiles import queries\n"
         "assert threading.active_count() == 1, threading.enumerate()\n"
         "print(queries.cache_info().currsize)\n"

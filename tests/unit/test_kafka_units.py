@@ -8,9 +8,9 @@ import time
 
 import pytest
 
+from agentdispatch.backends.kafka.admin import Plan, cannot_grow, partition_plan
+from agentdispatch.backends.kafka.producer import GroupCommit, message_key
 from agentdispatch.errors import TaskQueueUnavailable
-from agentdispatch.transports.kafka_admin import Plan, cannot_grow, partition_plan
-from agentdispatch.transports.kafka_producer import GroupCommit, message_key
 
 
 def test_session_key_outranks_tenant_and_is_opaque():
@@ -129,7 +129,7 @@ def test_group_commit_waiter_gives_up_at_its_timeout_and_the_round_still_runs():
 
 
 def test_stall_watch_rejoins_only_a_stalled_group_it_holds_nothing_of():
-    from agentdispatch.transports.kafka_watch import StallWatch
+    from agentdispatch.backends.kafka.watch import StallWatch
 
     w = StallWatch(stall_s=10)
     stuck = {0: (5, 9), 1: (3, 3)}
@@ -150,7 +150,7 @@ def test_stall_watch_rejoins_only_a_stalled_group_it_holds_nothing_of():
 
 
 def test_backlog_wait_grows_with_lag_over_rate_and_is_zero_when_unknown():
-    from agentdispatch.transports.kafka_watch import Backlog
+    from agentdispatch.backends.kafka.watch import Backlog
 
     b = Backlog()
     assert b.wait_s(0) == 0.0

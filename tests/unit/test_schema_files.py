@@ -9,7 +9,7 @@ import pytest
 
 from agentdispatch.stores import schema
 
-PACKAGES = ["agentdispatch.stores.sql.sqlite", "agentdispatch.stores.sql.postgres"]
+PACKAGES = ["agentdispatch.backends.sqlite.sql", "agentdispatch.backends.postgres.sql"]
 _CREATE = re.compile(r"^CREATE (TABLE|INDEX|SEQUENCE|FUNCTION|TRIGGER) (\w+)", re.MULTILINE)
 
 

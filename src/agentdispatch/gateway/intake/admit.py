@@ -178,7 +178,7 @@ def _admit_pg(
     import psycopg
     from psycopg import ClientCursor
 
-    from ...stores.pg_tx import PostgresTx
+    from ...backends.postgres.tx import PostgresTx
 
     store: Any = istore.store
     accept = inc.state == "accepted" and inc.envelope is not None

@@ -1,5 +1,5 @@
 -- Durable intake queries, written once with :name parameters (PostgreSQL gets
--- them rewritten to %(name)s by store.py). Tables: stores/sql/*/schema.sql.
+-- them rewritten to %(name)s by store.py). Tables: backends/*/sql/schema.sql.
 
 -- name: inst_by_route
 SELECT * FROM intake_installations WHERE connector = :connector AND route_key = :route_key ORDER BY id

@@ -10,15 +10,15 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DepthUnavailable, TaskQueueUnavailable
-from ..sqlfiles import Queries
-from ..sqlite_db import SqliteDb, clock
-from .base import Delivery, Receipt, ack_each, get_each
+from ...errors import DepthUnavailable, TaskQueueUnavailable
+from ...sqlfiles import Queries
+from ...transports.base import Delivery, Receipt, ack_each, get_each
+from .db import SqliteDb, clock
 
 if TYPE_CHECKING:
-    from ..stores.base import Outbox
+    from ...stores.base import Outbox
 
-Q = Queries("agentdispatch.transports.sql", "sqlite.sql")
+Q = Queries("agentdispatch.backends.sqlite.sql", "transport.sql")
 
 
 class SqliteTransport:

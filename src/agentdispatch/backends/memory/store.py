@@ -1,5 +1,5 @@
 """The in-memory store: the engine's transitions over dicts (see
-:mod:`agentdispatch.memory_db`), for tests that need no database."""
+:mod:`agentdispatch.backends.memory.db`), for tests that need no database."""
 
 from __future__ import annotations
 
@@ -10,13 +10,11 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from .. import workitem as wi
-from ..envelope import Envelope
-from ..errors import JobNotFound, LeaseLost
-from ..memory_db import Clock, MemoryDb
-from ..workitem import Lease, Outcome, Status, WorkItem
-from . import engine
-from .base import (
+from ... import workitem as wi
+from ...envelope import Envelope
+from ...errors import JobNotFound, LeaseLost
+from ...stores import engine
+from ...stores.base import (
     Accepted,
     Activity,
     Claim,
@@ -34,7 +32,9 @@ from .base import (
     claim_each,
     commit_each,
 )
-from .memory_tx import MemoryTx
+from ...workitem import Lease, Outcome, Status, WorkItem
+from .db import Clock, MemoryDb
+from .tx import MemoryTx
 
 
 def _matches(item: WorkItem, f: JobFilter) -> bool:

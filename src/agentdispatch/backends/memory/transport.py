@@ -11,11 +11,11 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..memory_db import MemoryDb, QueueRow, Tables
-from .base import Delivery, Receipt, ack_each, get_each
+from ...transports.base import Delivery, Receipt, ack_each, get_each
+from .db import MemoryDb, QueueRow, Tables
 
 if TYPE_CHECKING:
-    from ..stores.base import Outbox
+    from ...stores.base import Outbox
 
 _LAST = float("inf")
 

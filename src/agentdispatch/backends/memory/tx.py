@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from .. import workitem as wi
-from ..envelope import Envelope
-from ..memory_db import QueueRow, Tables
-from ..workitem import Status, WorkItem
-from .base import Effect
-from .rows import blocker_wait, dumps
+from ... import workitem as wi
+from ...envelope import Envelope
+from ...stores.base import Effect
+from ...stores.rows import blocker_wait, dumps
+from ...workitem import Status, WorkItem
+from .db import QueueRow, Tables
 
 
 class MemoryTx:

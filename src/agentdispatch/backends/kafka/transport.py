@@ -23,18 +23,18 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..envelope import Envelope
-from ..errors import AgentDispatchError, QueueFull, TaskQueueUnavailable
-from ..quietlogs import demote
-from ..settings import KAFKA_GROUP, KAFKA_TOPIC, Settings
-from .base import Delivery, get_each
-from .kafka_admin import TopicAdmin, TopicMissing
-from .kafka_consumer import SEQ_HEADER, OwnedConsumer
-from .kafka_producer import CoalescingProducer, GroupCommit, message_key
-from .kafka_watch import Backlog, StallWatch
+from ...envelope import Envelope
+from ...errors import AgentDispatchError, QueueFull, TaskQueueUnavailable
+from ...quietlogs import demote
+from ...settings import KAFKA_GROUP, KAFKA_TOPIC, Settings
+from ...transports.base import Delivery, get_each
+from .admin import TopicAdmin, TopicMissing
+from .consumer import SEQ_HEADER, OwnedConsumer
+from .producer import CoalescingProducer, GroupCommit, message_key
+from .watch import Backlog, StallWatch
 
 if TYPE_CHECKING:
-    from ..stores.base import Outbox
+    from ...stores.base import Outbox
 
 log = logging.getLogger("agentdispatch.kafka")
 

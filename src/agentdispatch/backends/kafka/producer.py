@@ -19,7 +19,7 @@ from typing import Any, Generic, TypeVar
 
 from confluent_kafka import KafkaError, Producer
 
-from ..errors import TaskQueueUnavailable
+from ...errors import TaskQueueUnavailable
 
 log = logging.getLogger("agentdispatch.kafka")
 

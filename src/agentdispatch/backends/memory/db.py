@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .stores.base import Effect, Schedule, WorkerRow
-from .workitem import WorkItem
+from ...stores.base import Effect, Schedule, WorkerRow
+from ...workitem import WorkItem
 
 #: A clock answering seconds since the epoch (``time.time`` or a fake).
 Clock = Callable[[], float]

@@ -29,7 +29,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
-from ..errors import TaskQueueUnavailable
+from ...errors import TaskQueueUnavailable
 
 T = TypeVar("T")
 log = logging.getLogger("agentdispatch.postgres")

@@ -19,12 +19,11 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from .. import workitem as wi
-from ..envelope import Envelope
-from ..errors import JobNotFound, LeaseLost, TaskQueueUnavailable
-from ..workitem import Lease, Outcome, Status, WorkItem
-from . import engine, schema
-from .base import (
+from ... import workitem as wi
+from ...envelope import Envelope
+from ...errors import JobNotFound, LeaseLost, TaskQueueUnavailable
+from ...stores import engine, schema
+from ...stores.base import (
     Accepted,
     Activity,
     Claim,
@@ -40,12 +39,20 @@ from .base import (
     TenantCount,
     WorkerRow,
 )
-from .pg_db import Conn, PgDb, describe, scalar
-from .pg_tx import SMALL_SUBMISSION, PostgresTx, Q
-from .rows import advance_params, effect_from_row, item_from_row, schedule_from_row, schedule_params, worker_from_row
+from ...stores.rows import (
+    advance_params,
+    effect_from_row,
+    item_from_row,
+    schedule_from_row,
+    schedule_params,
+    worker_from_row,
+)
+from ...workitem import Lease, Outcome, Status, WorkItem
+from .db import Conn, PgDb, describe, scalar
+from .tx import SMALL_SUBMISSION, PostgresTx, Q
 
 T = TypeVar("T")
-_SQL_PKG = "agentdispatch.stores.sql.postgres"
+_SQL_PKG = "agentdispatch.backends.postgres.sql"
 #: How long a worker-side write waits for a restarting database before it
 #: gives up (the lease TTL gives the turn slack meanwhile).
 WORKER_PATIENCE_S = 20.0

@@ -11,14 +11,12 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from ..envelope import Envelope
-from ..errors import LeaseLost, TaskQueueUnavailable
-from ..policy import opaque_ref
-from ..sqlfiles import Queries, compact
-from ..sqlite_db import SqliteDb, clock
-from ..workitem import Lease, Outcome, Status, WorkItem, evolve
-from . import engine, schema
-from .base import (
+from ...envelope import Envelope
+from ...errors import LeaseLost, TaskQueueUnavailable
+from ...policy import opaque_ref
+from ...sqlfiles import Queries, compact
+from ...stores import engine, schema
+from ...stores.base import (
     Accepted,
     Activity,
     Claim,
@@ -36,7 +34,7 @@ from .base import (
     claim_each,
     commit_each,
 )
-from .rows import (
+from ...stores.rows import (
     advance_params,
     blocker_wait,
     dumps,
@@ -48,8 +46,10 @@ from .rows import (
     schedule_params,
     worker_from_row,
 )
+from ...workitem import Lease, Outcome, Status, WorkItem, evolve
+from .db import SqliteDb, clock
 
-_SQL_PKG = "agentdispatch.stores.sql.sqlite"
+_SQL_PKG = "agentdispatch.backends.sqlite.sql"
 Q = Queries(_SQL_PKG, "queries.sql")
 
 
@@ -376,7 +376,7 @@ class SqliteStore:
 
     # -- reads --------------------------------------------------------------
     def get(self, job_id: str, tenant: str | None) -> WorkItem:
-        from ..errors import JobNotFound
+        from ...errors import JobNotFound
 
         row = self.db.conn().execute(Q["load"], (job_id,)).fetchone()
         if row is None or (tenant is not None and row["tenant"] != tenant):

@@ -34,8 +34,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
-from ..errors import TaskQueueUnavailable
-from .base import Delivery, Receipt
+from ...errors import TaskQueueUnavailable
+from ...transports.base import Delivery, Receipt
 
 _SEQ = itertools.count()
 

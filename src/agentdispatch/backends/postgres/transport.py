@@ -18,17 +18,17 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from ..errors import DepthUnavailable, TaskQueueUnavailable
-from ..sqlfiles import Queries
-from ..stores.pg_db import Conn, PgDb, describe
-from .base import Delivery, Receipt
+from ...errors import DepthUnavailable, TaskQueueUnavailable
+from ...sqlfiles import Queries
+from ...transports.base import Delivery, Receipt
+from .db import Conn, PgDb, describe
 
 if TYPE_CHECKING:
-    from ..stores.base import Outbox, Store
+    from ...stores.base import Outbox, Store
 
-Q = Queries("agentdispatch.transports.sql", "postgres.sql")
+Q = Queries("agentdispatch.backends.postgres.sql", "transport.sql")
 CHANNEL = "agent_dispatch_queue"
-log = logging.getLogger("agentdispatch.transports.postgres")
+log = logging.getLogger("agentdispatch.backends.postgres.transport")
 
 
 class _Wakeup:

@@ -15,15 +15,15 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from ..envelope import Envelope
-from ..policy import opaque_ref
-from ..sqlfiles import Queries
-from ..workitem import WorkItem, evolve
-from .base import Effect
-from .pg_db import Conn
-from .rows import blocker_wait, dumps, effect_from_row, effect_params, item_from_row, mutable_params
+from ...envelope import Envelope
+from ...policy import opaque_ref
+from ...sqlfiles import Queries
+from ...stores.base import Effect
+from ...stores.rows import blocker_wait, dumps, effect_from_row, effect_params, item_from_row, mutable_params
+from ...workitem import WorkItem, evolve
+from .db import Conn
 
-Q = Queries("agentdispatch.stores.sql.postgres", "queries.sql")
+Q = Queries("agentdispatch.backends.postgres.sql", "queries.sql")
 
 _INSERT_COLS = (
     "seq", "id", "tenant", "session_id", "session_ref", "kind", "agent_name", "payload", "priority",

@@ -15,7 +15,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic  # type: ignore[attr-defined]
 
-from ..errors import DepthUnavailable, TaskQueueUnavailable
+from ...errors import DepthUnavailable, TaskQueueUnavailable
 
 UNREACHABLE = "Kafka is unreachable: check KAFKA_BOOTSTRAP_SERVERS and that the broker is running"
 

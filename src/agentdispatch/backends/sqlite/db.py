@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from pathlib import Path
 
-from .errors import TaskQueueUnavailable
+from ...errors import TaskQueueUnavailable
 
 BUSY_TIMEOUT_MS = 30_000
 

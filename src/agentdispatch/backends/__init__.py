@@ -1,0 +1,1 @@
+"""The backends, one package per database; only ``factory`` names them all."""

@@ -1,0 +1,1 @@
+"""The Kafka transport: turns travel on a topic; the store stays in SQL."""

@@ -1,0 +1,1 @@
+"""The PostgreSQL backend: the store and the queue share one database."""

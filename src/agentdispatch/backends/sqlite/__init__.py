@@ -1,0 +1,1 @@
+"""The embedded backend: one SQLite file holds the store and the queue."""
