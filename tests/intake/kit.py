@@ -1,5 +1,6 @@
 """Helpers of the intake tests: a real gateway subprocess with installations
-made through the real CLI, and provider-side signing."""
+made through the functions behind the CLI (or the real CLI), and
+provider-side signing."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ import httpx
 from slack_sdk.signature import SignatureVerifier
 from twilio.request_validator import RequestValidator
 
+from agentdispatch.gateway.intake import admin
+from agentdispatch.gateway.intake.store import IntakeStore
+from agentdispatch.settings import SQLITE_FILE
+from agentdispatch.stores.base import Store
+from agentdispatch.stores.postgres import PostgresStore
+from agentdispatch.stores.sqlite import SqliteStore
 from e2e.gatewayproc import Gateway, cli_env, start_gateway
 
 KEY = "11" * 32
@@ -54,7 +61,54 @@ class Installations:
 
 
 def install_all(data_dir: Path, api_base: str = "", **env: str) -> Installations:
-    """One installation per connector, a default agent and catch-all routes."""
+    """One installation per connector, a default agent and catch-all routes,
+    made in this process through the functions the CLI commands call: seven
+    CLI processes per deployment were a large share of the intake tests' CPU.
+    :func:`install_all_via_cli` makes the same ones through the real commands."""
+    store = open_store(data_dir, **env)
+    try:
+        istore = IntakeStore(store)
+        common = {"tenant": "acme", "master_key": KEY, "api_base": api_base}
+        s = admin.install(istore, connector="slack", external_id=f"{APP}:{TEAM}", route_key=APP,
+                          secrets={"signing_secret": SLACK_SECRET, "bot_token": "xoxb-1"},
+                          bot_user_id=BOT_USER, **common)  # fmt: skip
+        t = admin.install(istore, connector="telegram", external_id=TG_BOT, route_key=TG_BOT,
+                          secrets={"secret_token": TG_SECRET, "bot_token": f"{TG_BOT}:tok"},
+                          bot_user_id="helperbot", **common)  # fmt: skip
+        w = admin.install(istore, connector="twilio", external_id=f"{ACCOUNT}:{NUMBER}", route_key=ACCOUNT,
+                          secrets={"auth_token": TWILIO_TOKEN}, public_url=PUBLIC, **common)  # fmt: skip
+        admin.set_agent(istore, "helper", enabled=True)
+        for inst in (s, t, w):
+            admin.set_route(istore, inst, "*", "helper")
+    finally:
+        store.close()
+    return Installations(s, t, w)
+
+
+def open_store(data_dir: Path, **env: str) -> Store:
+    """The store a CLI process with ``env`` opens: PostgreSQL when
+    ``STATE_DB_URI`` is given, else the data dir's SQLite file, which
+    migrates itself as the CLI's does."""
+    uri = env.get("STATE_DB_URI")
+    if uri:
+        return PostgresStore(uri, pool_size=1)
+    store = SqliteStore(data_dir / SQLITE_FILE)
+    store.migrate()
+    return store
+
+
+def migrate(data_dir: Path, **env: str) -> None:
+    """What ``agentdispatch migrate`` does, in this process (its command is
+    tested in tests/e2e)."""
+    store = open_store(data_dir, **env)
+    try:
+        store.migrate()
+    finally:
+        store.close()
+
+
+def install_all_via_cli(data_dir: Path, api_base: str = "", **env: str) -> Installations:
+    """What :func:`install_all` makes, through ``agentdispatch intake`` commands."""
     extra = ["--api-base", api_base] if api_base else []
     s = cli(data_dir, "intake", "install", "slack", "--tenant", "acme", "--app-id", APP, "--team-id", TEAM,
             "--bot-user-id", BOT_USER, *extra, "--credentials-stdin",

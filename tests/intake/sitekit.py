@@ -22,7 +22,7 @@ from agentdispatch.gateway.intake.admit import job_id_of
 from backends import fresh_pg_database
 from e2e.gatewayproc import Gateway, cli_env, start_gateway
 from intake.fakeapi import OK, Answer, body_of, serve
-from intake.kit import KEY, TG_BOT, Installations, cli, env_for, install_all, post_tg, tg_update
+from intake.kit import KEY, TG_BOT, Installations, cli, env_for, install_all, migrate, post_tg, tg_update
 
 
 @dataclass
@@ -197,7 +197,7 @@ def site(tmp: Path, backend: str) -> Iterator[Site]:
     if backend == "postgres":
         uri = fresh_pg_database(cleanup)
         env = {"STATE_DB_URI": uri, "TASK_QUEUE_BACKEND": "postgres"}
-        cli(data, "migrate", **env)
+        migrate(data, **env)
     try:
         with provider() as prov:
             inst = install_all(data, api_base=prov.url, **env)

@@ -26,6 +26,7 @@ from intake.kit import (
     env_for,
     gateway,
     install_all,
+    migrate,
     post_slack,
     post_tg,
     slack_event,
@@ -39,7 +40,7 @@ def pg_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gatew
     uri = fresh_pg_database(cleanup)
     env = {"STATE_DB_URI": uri, "TASK_QUEUE_BACKEND": "postgres"}
     data = tmp_path_factory.mktemp("pg") / "data"
-    cli(data, "migrate", **env)
+    migrate(data, **env)
     install_all(data, **env)
     gw = gateway(data, AGENT_DISPATCH_INTAKE_COMMIT_TIMEOUT_S="1", **env)
     try:
@@ -116,7 +117,7 @@ def test_intake_near_the_backlog_bound_does_not_wait_for_another_intake(tmp_path
     worker: subprocess.Popen[bytes] | None = None
     gw: Gateway | None = None
     try:
-        cli(data, "migrate", **env)
+        migrate(data, **env)
         install_all(data, **env)
         for i in range(2):
             cli(data, "submit", "sleep", "--payload", '{"seconds": 120}', "--session", f"busy{i}", **env)
