@@ -322,8 +322,10 @@ class Worker:
         """:meth:`_admit` for a batch, the claims in one store call."""
         envs = [self._envelope(d) for d in deliveries]
         jobs = [(e.job_id, e.tenant) for e in envs if isinstance(e, Envelope)]
+        reads = [d.read for d, e in zip(deliveries, envs, strict=True) if isinstance(e, Envelope)]
         at = time.monotonic()  # before the claim: no lease of it expires sooner than at + TTL
-        claims = iter(self.store.claim_many(jobs, owner=owner, ttl_s=self.settings.claim_ttl_s) if jobs else [])
+        ttl_s = self.settings.claim_ttl_s
+        claims = iter(self.store.claim_many(jobs, owner=owner, ttl_s=ttl_s, reads=reads) if jobs else [])
         pairs = zip(deliveries, envs, strict=True)
         return [e if isinstance(e, str) else self._settle_claim(d, e, next(claims), at) for d, e in pairs]
 

@@ -17,12 +17,12 @@ import httpx
 from slack_sdk.signature import SignatureVerifier
 from twilio.request_validator import RequestValidator
 
+from agentdispatch.backends.postgres.store import PostgresStore
+from agentdispatch.backends.sqlite.store import SqliteStore
 from agentdispatch.gateway.intake import admin
 from agentdispatch.gateway.intake.store import IntakeStore
 from agentdispatch.settings import SQLITE_FILE
 from agentdispatch.stores.base import Store
-from agentdispatch.stores.postgres import PostgresStore
-from agentdispatch.stores.sqlite import SqliteStore
 from e2e.gatewayproc import Gateway, cli_env, start_gateway
 
 KEY = "11" * 32

@@ -67,7 +67,8 @@ class Traffic:
             deliveries = self.transport.get_many(self.owner, n, visibility_s=self.ttl_s)
             envs: list[Envelope | None] = [self._envelope(d) for d in deliveries]
             jobs = [(e.job_id, e.tenant) for e in envs if e is not None]
-            claims = iter(self.store.claim_many(jobs, owner=self.owner, ttl_s=self.ttl_s) if jobs else [])
+            reads = [d.read for d, e in zip(deliveries, envs, strict=True) if e is not None]
+            claims = iter(self.store.claim_many(jobs, owner=self.owner, ttl_s=self.ttl_s, reads=reads) if jobs else [])
             out: list[Claimed] = []
             for d, e in zip(deliveries, envs, strict=True):
                 if e is None:

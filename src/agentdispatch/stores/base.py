@@ -293,12 +293,16 @@ class Jobs(Protocol):
 class Queue(Protocol):
     """What a worker does with an item it runs: claim, renew, checkpoint, commit."""
 
-    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
-        """Claim and start an item for ``owner`` (epoch + 1, attempt + 1)."""
+    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float, read: object = None) -> Claim:
+        """Claim and start an item for ``owner`` (epoch + 1, attempt + 1).
+        ``read``: the :attr:`Delivery.read` of the delivery that brought it (a
+        backend that can use it skips reading the item again; others ignore it)."""
 
-    def claim_many(self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float) -> list[Claim]:
+    def claim_many(
+        self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float, reads: Sequence[object] = ()
+    ) -> list[Claim]:
         """:meth:`claim` for each (job id, tenant), in one transaction where the
-        backend can (see :func:`claim_each`)."""
+        backend can (see :func:`claim_each`); ``reads`` in the same order."""
 
     def renew(self, lease: Lease, ttl_s: float) -> Lease:
         """Extend a live lease; raises :class:`LeaseLost` when fenced."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -27,6 +27,10 @@ class Delivery:
     raw: str
     receipt: Receipt
     deliveries: int = 1
+    #: What the transport read of the item while delivering it, for the
+    #: store's claim in the same transaction (PostgreSQL: the get reads the
+    #: locked item, saving the claim a round trip). Opaque; None elsewhere.
+    read: Any = field(default=None, compare=False, repr=False)
 
 
 class Sender(Protocol):

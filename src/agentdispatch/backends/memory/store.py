@@ -92,11 +92,13 @@ class MemoryStore:
                     t.items[a.item.id] = a.item  # the item as stored, with its execution timeout
         return accepted
 
-    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
+    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float, read: object = None) -> Claim:
         out: Claim = self._run(engine.claim, job_id, tenant, owner, ttl_s)
         return out
 
-    def claim_many(self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float) -> list[Claim]:
+    def claim_many(
+        self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float, reads: Sequence[object] = ()
+    ) -> list[Claim]:
         return claim_each(self, jobs, owner=owner, ttl_s=ttl_s)
 
     def renew(self, lease: Lease, ttl_s: float) -> Lease:

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
@@ -183,6 +184,17 @@ def probe(uri: str) -> None:
         raise TaskQueueUnavailable(f"cannot connect to PostgreSQL at STATE_DB_URI: {connection_cause(exc)}") from None
 
 
+@dataclass(frozen=True, eq=False)
+class ItemRead:
+    """An item row read by the statement that delivered the item, carried on
+    its :class:`Delivery` to the claim; ``scope`` names the transaction it was
+    read in (it serves no other: outside it the row locks are gone)."""
+
+    job_id: str
+    row: dict[str, Any]
+    scope: object
+
+
 class PgDb:
     """A pool of autocommit connections and the transaction runner."""
 
@@ -309,28 +321,30 @@ class PgDb:
         with self.transaction(durable) as conn:
             self._local.conn = conn
             self._local.durable = durable
-            self._local.reads = {}
+            self._local.scope = object()
             try:
                 yield conn
             finally:
                 self._local.conn = None
-                self._local.reads = {}
+                self._local.scope = None
 
     def joined(self) -> bool:
         """Whether this thread is inside :meth:`atomic`."""
         return getattr(self._local, "conn", None) is not None
 
-    def stash_read(self, job_id: str, row: dict[str, Any]) -> None:
-        """Keep an item read (``dispatch_item_read``) made by another statement
-        of this thread's :meth:`atomic` transaction, for the claim that follows
-        in it (the transport's get reads the item it delivers)."""
-        if self.joined():
-            self._local.reads[job_id] = row
+    def read_here(self, job_id: str, row: dict[str, Any]) -> ItemRead | None:
+        """An item read (``dispatch_item_read``) made by a statement of this
+        thread's :meth:`atomic` transaction, for the claim that follows in it
+        (the transport's get reads the item it delivers); None outside one."""
+        scope = getattr(self._local, "scope", None)
+        return None if scope is None else ItemRead(job_id, row, scope)
 
-    def take_read(self, job_id: str) -> dict[str, Any] | None:
-        """The read stashed for ``job_id`` in the current transaction, once."""
-        reads: dict[str, dict[str, Any]] | None = getattr(self._local, "reads", None)
-        return None if not reads or not self.joined() else reads.pop(job_id, None)
+    def still_current(self, read: object) -> dict[str, Any] | None:
+        """The row of ``read`` if it was made in the transaction still open
+        here: its row locks still hold, so it is not stale."""
+        if not isinstance(read, ItemRead) or read.scope is not getattr(self._local, "scope", None):
+            return None
+        return read.row
 
     def _joined(self, fn: Callable[[Conn], T], conn: Conn, durable: bool) -> T:
         # Inside atomic(): no retry of our own, the outer transaction decides.

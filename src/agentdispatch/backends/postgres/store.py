@@ -48,7 +48,7 @@ from ...stores.rows import (
     worker_from_row,
 )
 from ...workitem import Lease, Outcome, Status, WorkItem
-from .db import Conn, PgDb, describe, scalar
+from .db import Conn, ItemRead, PgDb, describe, scalar
 from .tx import SMALL_SUBMISSION, PostgresTx, Q
 
 T = TypeVar("T")
@@ -226,14 +226,18 @@ class PostgresStore:
     # The hot path reads the clock, the locked item (and for a claim the
     # session gate) in one round trip and writes back in one statement; a
     # batch reads with the get that delivered it and writes in one statement.
-    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
-        return self.claim_many([(job_id, tenant)], owner=owner, ttl_s=ttl_s)[0]
+    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float, read: object = None) -> Claim:
+        return self.claim_many([(job_id, tenant)], owner=owner, ttl_s=ttl_s, reads=[read])[0]
 
-    def claim_many(self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float) -> list[Claim]:
+    def claim_many(
+        self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float, reads: Sequence[object] = ()
+    ) -> list[Claim]:
+        given = list(reads) + [None] * (len(jobs) - len(reads))
+
         def op(tx: PostgresTx) -> list[Claim]:
             out = []
-            for job_id, tenant in jobs:
-                read = self.db.take_read(job_id)  # made by the get that delivered it
+            for (job_id, tenant), carried in zip(jobs, given, strict=False):
+                read = self._read_of(job_id, carried)  # made by the get that delivered it
                 if read is None:
                     tx.read_item(job_id, session=True)
                 else:
@@ -242,6 +246,12 @@ class PostgresStore:
             return out
 
         return self._run(op)
+
+    def _read_of(self, job_id: str, read: object) -> dict[str, Any] | None:
+        """The delivering get's read of ``job_id`` when it is from the
+        transaction this claim runs in (else the claim reads the item itself)."""
+        row = self.db.still_current(read)
+        return row if row is not None and isinstance(read, ItemRead) and read.job_id == job_id else None
 
     def renew(self, lease: Lease, ttl_s: float) -> Lease:
         def op(tx: PostgresTx) -> Lease:

@@ -189,13 +189,12 @@ class PostgresTransport:
         rows = self.db.run(claim, single=True, idempotent=True)
         out = []
         for row in rows:
-            if read and row["now"] is not None:
-                self.db.stash_read(row["job_id"], row)
             out.append(
                 Delivery(
                     raw=row["envelope"],
                     receipt=Receipt(owner=owner, claimed_at=float(row["claimed_at"]), ref=int(row["id"])),
                     deliveries=int(row["deliveries"]),
+                    read=self.db.read_here(row["job_id"], row) if read and row["now"] is not None else None,
                 )
             )
         return out
