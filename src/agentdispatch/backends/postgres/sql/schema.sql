@@ -1,4 +1,4 @@
--- schema version: 13
+-- schema version: 16
 -- agentdispatch schema, PostgreSQL (the shared state store of a fleet): the
 -- whole current schema, applied to a fresh database. Later changes are the
 -- numbered migrations beside this file (see agentdispatch.stores.schema).
@@ -48,7 +48,10 @@ CREATE TABLE work_items (
     turn_attempts    integer NOT NULL DEFAULT 0,
     -- A turn's saved progress (guard.checkpoint): JSON text, written only by
     -- the fenced checkpoint statement, read with the item by the next attempt.
-    checkpoint       text
+    checkpoint       text,
+    -- A submission's own execution timeout (Submission.timeout_s): past it the
+    -- worker cancels the turn and fails it retryably with reason "timeout".
+    timeout_s        double precision
 );
 CREATE INDEX work_items_session_active ON work_items (session_ref, seq)
     WHERE status IN ('submitted', 'ready', 'leased', 'running');
@@ -324,6 +327,10 @@ CREATE TABLE work_events (
     detail  text
 );
 CREATE INDEX work_events_job ON work_events (job_id, id);
+-- Workers poll for cancelled jobs they run (Store.cancelled_since), about
+-- once a second: an index of the cancellation events alone keeps that read
+-- small and leaves every other event insert as it was.
+CREATE INDEX work_events_cancelled ON work_events (at) WHERE event = 'cancelled';
 
 -- The idempotency ledger behind guard.side_effect(key, fn).
 CREATE TABLE side_effects (
@@ -931,17 +938,31 @@ CREATE TABLE intake_backlog_slots (
     PRIMARY KEY (agent, slot)
 );
 
+-- The backlog slot of an intake without a join against work_items. The
+-- earlier search (an anti-join of the agent's slots with the active items)
+-- was planned while work_items looked empty, and PL/pgSQL keeps that plan:
+-- on a new database it scanned the whole table once per held slot, tens of
+-- milliseconds an intake after a few thousand items. Now the agent's active
+-- item ids are read once (the partial index work_items_intake_agent), a slot
+-- is free when its item is not among them, and the search starts at a random
+-- slot, so it skips about bound / free held slots rather than all of them.
+--
 -- Returns the committed backlog when a slot was taken for p_job (below the
 -- bound), else p_bound or more (refuse).
 CREATE FUNCTION dispatch_intake_backlog(p_agent text, p_bound integer, p_job text) RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
+    v_active text[];
     n bigint;
     s record;
-    after integer := -1;
+    v_start integer;
+    v_after integer;
+    v_below integer;
 BEGIN
-    n := (SELECT count(*) FROM work_items
-          WHERE agent_name = p_agent AND kind = 'intake_turn' AND status IN ('submitted', 'ready', 'leased', 'running'));
+    v_active := ARRAY(SELECT w.id FROM work_items w
+                      WHERE w.agent_name = p_agent AND w.kind = 'intake_turn'
+                        AND w.status IN ('submitted', 'ready', 'leased', 'running'));
+    n := cardinality(v_active);
     IF n >= p_bound THEN
         RETURN n;  -- full on committed state (completions only lower it): no lock
     END IF;
@@ -949,27 +970,126 @@ BEGIN
         INSERT INTO intake_backlog_slots (agent, slot)
         SELECT p_agent, g FROM generate_series(0, p_bound - 1) g ON CONFLICT DO NOTHING;
     END IF;
-    LOOP
-        -- Candidates by this statement's snapshot; the lock returns the
-        -- slot's latest row, whose item is checked again below.
-        SELECT b.slot, b.job_id INTO s FROM intake_backlog_slots b
-        WHERE b.agent = p_agent AND b.slot > after AND b.slot < p_bound
-          AND NOT EXISTS (SELECT 1 FROM work_items w WHERE w.id = b.job_id
-                          AND w.status IN ('submitted', 'ready', 'leased', 'running'))
-        ORDER BY b.slot LIMIT 1
-        FOR UPDATE SKIP LOCKED;
-        IF NOT FOUND THEN
-            RETURN greatest(n, p_bound);  -- every slot is held (or being taken)
-        END IF;
-        -- A fresh snapshot: an item admitted into this slot since the
-        -- statement above began is seen now.
-        IF NOT EXISTS (SELECT 1 FROM work_items w WHERE w.id = s.job_id
-                       AND w.status IN ('submitted', 'ready', 'leased', 'running')) THEN
-            UPDATE intake_backlog_slots SET job_id = p_job WHERE agent = p_agent AND slot = s.slot;
-            RETURN n;
-        END IF;
-        after := s.slot;
+    v_start := floor(random() * p_bound)::integer;
+    -- Two passes: [v_start, p_bound), then [0, v_start).
+    FOR pass IN 0..1 LOOP
+        v_after := CASE WHEN pass = 0 THEN v_start - 1 ELSE -1 END;
+        v_below := CASE WHEN pass = 0 THEN p_bound ELSE v_start END;
+        LOOP
+            -- Candidates by this statement's snapshot; the lock returns the
+            -- slot's latest row, whose item is checked again below.
+            SELECT b.slot, b.job_id INTO s FROM intake_backlog_slots b
+            WHERE b.agent = p_agent AND b.slot > v_after AND b.slot < v_below
+              AND (b.job_id IS NULL OR b.job_id <> ALL (v_active))
+            ORDER BY b.slot LIMIT 1
+            FOR UPDATE SKIP LOCKED;
+            EXIT WHEN NOT FOUND;
+            -- A fresh snapshot: an item admitted into this slot since the
+            -- active ids were read is seen now.
+            IF s.job_id IS NULL OR NOT EXISTS (SELECT 1 FROM work_items w WHERE w.id = s.job_id
+                                               AND w.status IN ('submitted', 'ready', 'leased', 'running')) THEN
+                UPDATE intake_backlog_slots SET job_id = p_job WHERE agent = p_agent AND slot = s.slot;
+                RETURN n;
+            END IF;
+            v_after := s.slot;
+        END LOOP;
     END LOOP;
+    RETURN greatest(n, p_bound);  -- every slot is held (or being taken)
+END $$;
+
+-- The intake request path in one statement (one round trip, autocommit):
+-- the receipt under its unique source identity, the agent's backlog slot and
+-- the WorkItem (dispatch_submit_new), or the original answer of a duplicate.
+-- Run as some ten statements from a gateway thread each, intakes spent most
+-- of their time in round trips, idle in transaction, behind the gateway's
+-- other threads.
+--
+-- The commit is asynchronous: a commit that notifies (the new queue row wakes
+-- workers) holds a database-wide lock until it ends, so flushing here made
+-- intakes take turns at the disk. The caller answers 200 only after a flush
+-- of the WAL that began after this commit (one flush shared by the gateway's
+-- concurrent intakes), so an update answered 200 is on disk.
+--
+-- p_receipt: the receipt's columns (received_at is set here, on the database
+-- clock, and copied into the envelope); p_channel: the channel whose route
+-- names the agent (NULL: no agent); p_accept: create the WorkItem planned in
+-- p_items/p_events/p_queue, its agent_name set here from the route.
+-- outcome: accepted | duplicate | backlog_full | queue_full | exists (a
+-- WorkItem has the id but no receipt does: nothing written, the caller takes
+-- the general path).
+CREATE FUNCTION dispatch_intake_admit(
+    p_receipt json, p_channel text, p_accept boolean, p_bound integer,
+    p_max bigint, p_at double precision, p_items json, p_events json, p_queue json
+)
+RETURNS TABLE (outcome text, agent text, answer_status integer, answer_type text, answer_body text)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    r intake_receipts;
+    old intake_receipts;
+    v_now double precision := extract(epoch FROM clock_timestamp())::float8;
+    v_sub record;
+BEGIN
+    r := json_populate_record(NULL::intake_receipts, p_receipt);
+    SELECT * INTO old FROM intake_receipts i WHERE i.connector = r.connector AND i.source_id = r.source_id;
+    IF NOT FOUND THEN
+        r.agent := '';
+        IF p_channel IS NOT NULL THEN
+            r.agent := coalesce((SELECT t.agent FROM intake_routes t
+                                 WHERE t.installation_id = r.installation_id AND t.channel IN (p_channel, '*')
+                                 ORDER BY CASE WHEN t.channel = '*' THEN 1 ELSE 0 END LIMIT 1), '');
+        END IF;
+        r.received_at := v_now;
+        IF r.envelope IS NOT NULL THEN
+            r.envelope := jsonb_set(r.envelope::jsonb, '{received_at}', to_jsonb(v_now))::text;
+        END IF;
+        -- The receipt first: a concurrent copy of the same update waits here
+        -- for the first to end, and then answers as its duplicate.
+        INSERT INTO intake_receipts
+            (id, connector, source_id, installation_id, tenant, state, reason, job_id, agent, conversation, sender,
+             message_key, body_sha256, body_size, envelope, raw, answer_status, answer_type, answer_body, retry_num,
+             retry_reason, received_at)
+        VALUES (r.id, r.connector, r.source_id, r.installation_id, r.tenant, r.state, r.reason, r.job_id, r.agent,
+                r.conversation, r.sender, r.message_key, r.body_sha256, r.body_size, r.envelope, r.raw,
+                r.answer_status, r.answer_type, r.answer_body, r.retry_num, r.retry_reason, r.received_at)
+        ON CONFLICT DO NOTHING;
+        IF FOUND THEN
+            IF p_accept THEN
+                IF dispatch_intake_backlog(r.agent, p_bound, r.job_id) >= p_bound THEN
+                    DELETE FROM intake_receipts i WHERE i.id = r.id;
+                    RETURN QUERY SELECT 'backlog_full'::text, r.agent, 0, ''::text, ''::text;
+                    RETURN;
+                END IF;
+                SELECT * INTO v_sub FROM dispatch_submit_new(
+                    p_max, p_at,
+                    (SELECT json_agg(jsonb_set(x::jsonb, '{agent_name}', to_jsonb(r.agent))) FROM json_array_elements(p_items) x),
+                    p_events, p_queue);
+                IF v_sub.outcome <> 'ok' THEN
+                    -- Nothing of the WorkItem was written; the slot taken
+                    -- above names no active item, so it is free again.
+                    DELETE FROM intake_receipts i WHERE i.id = r.id;
+                    RETURN QUERY SELECT (CASE WHEN v_sub.outcome = 'full' THEN 'queue_full' ELSE v_sub.outcome END),
+                                        r.agent, 0, ''::text, ''::text;
+                    RETURN;
+                END IF;
+                -- dispatch_submit_new asked for a synchronous commit: the caller flushes instead.
+                PERFORM set_config('synchronous_commit', 'off', true);
+            END IF;
+            RETURN QUERY SELECT 'accepted'::text, r.agent, r.answer_status, r.answer_type, r.answer_body;
+            RETURN;
+        END IF;
+        SELECT * INTO old FROM intake_receipts i WHERE i.connector = r.connector AND i.source_id = r.source_id;
+        IF NOT FOUND THEN
+            -- The colliding row holds the same receipt id under another source
+            -- identity (a hash collision of ids): the general path reports it.
+            RETURN QUERY SELECT 'exists'::text, ''::text, 0, ''::text, ''::text;
+            RETURN;
+        END IF;
+    END IF;
+    IF old.body_sha256 <> r.body_sha256 THEN
+        INSERT INTO intake_mismatches (receipt_id, body_sha256, at) VALUES (old.id, r.body_sha256, v_now);
+        UPDATE intake_receipts i SET mismatches = i.mismatches + 1 WHERE i.id = old.id;
+    END IF;
+    RETURN QUERY SELECT 'duplicate'::text, old.agent, old.answer_status, old.answer_type, old.answer_body;
 END $$;
 
 -- Periodic schedules: each row fires one job per cron tick. next_at is the

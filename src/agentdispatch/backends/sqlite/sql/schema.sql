@@ -1,4 +1,4 @@
--- schema version: 13
+-- schema version: 16
 -- agentdispatch schema, SQLite (one WAL file per host): the whole current
 -- schema, applied to a fresh database. Later changes are the numbered
 -- migrations beside this file (see agentdispatch.stores.schema).
@@ -45,7 +45,10 @@ CREATE TABLE work_items (
     turn_attempts    INTEGER NOT NULL DEFAULT 0,
     -- A turn's saved progress (guard.checkpoint): JSON text, written only by
     -- the fenced checkpoint statement, read with the item by the next attempt.
-    checkpoint       TEXT
+    checkpoint       TEXT,
+    -- A submission's own execution timeout (Submission.timeout_s): past it the
+    -- worker cancels the turn and fails it retryably with reason "timeout".
+    timeout_s        REAL
 );
 CREATE INDEX work_items_session_active ON work_items (session_ref, seq)
     WHERE status IN ('submitted', 'ready', 'leased', 'running');
@@ -78,6 +81,10 @@ CREATE TABLE work_events (
     detail  TEXT
 );
 CREATE INDEX work_events_job ON work_events (job_id, id);
+-- Workers poll for cancelled jobs they run (Store.cancelled_since), about
+-- once a second: an index of the cancellation events alone keeps that read
+-- small and leaves every other event insert as it was.
+CREATE INDEX work_events_cancelled ON work_events (at) WHERE event = 'cancelled';
 
 -- The idempotency ledger behind guard.side_effect(key, fn).
 CREATE TABLE side_effects (
