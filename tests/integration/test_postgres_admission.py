@@ -203,7 +203,7 @@ def test_one_statement_submit_keeps_database_time_order_and_idempotency(
     import json
     import time
 
-    from agentdispatch.stores import postgres as pg_store
+    from agentdispatch.backends.postgres import store as pg_store
 
     name, uri = schema
     store = PostgresStore(uri)
