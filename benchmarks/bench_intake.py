@@ -125,8 +125,8 @@ _SETUP = """
 import sys
 from agentdispatch.cli.app import App
 from agentdispatch.dispatch import Submission
-from agentdispatch.gateway.intake.admin import installation_id, set_agent, set_route
-from agentdispatch.gateway.intake.store import IntakeStore
+from agentdispatch.intake.admin import installation_id, set_agent, set_route
+from agentdispatch.intake.store import IntakeStore
 agents, chats, busy = (int(a) for a in sys.argv[1:4])
 app = App()
 ist = IntakeStore(app.store)

@@ -19,8 +19,8 @@ from twilio.request_validator import RequestValidator
 
 from agentdispatch.backends.postgres.store import PostgresStore
 from agentdispatch.backends.sqlite.store import SqliteStore
-from agentdispatch.gateway.intake import admin
-from agentdispatch.gateway.intake.store import IntakeStore
+from agentdispatch.intake import admin
+from agentdispatch.intake.store import IntakeStore
 from agentdispatch.settings import SQLITE_FILE
 from agentdispatch.stores.base import Store
 from e2e.gatewayproc import Gateway, cli_env, start_gateway

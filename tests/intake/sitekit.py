@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from agentdispatch.gateway.intake.admit import job_id_of
+from agentdispatch.intake.admit import job_id_of
 from backends import fresh_pg_database
 from e2e.gatewayproc import Gateway, cli_env, start_gateway
 from intake.fakeapi import OK, Answer, body_of, serve

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from agentdispatch.gateway.intake.flush import GroupFlush
+from agentdispatch.intake.flush import GroupFlush
 
 
 def test_a_caller_arriving_during_a_flush_waits_for_the_next() -> None:

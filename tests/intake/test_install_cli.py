@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from agentdispatch.gateway.intake import admin
-from agentdispatch.gateway.intake.credentials import open_credentials
-from agentdispatch.gateway.intake.store import IntakeStore
+from agentdispatch.intake import admin
+from agentdispatch.intake.credentials import open_credentials
+from agentdispatch.intake.store import IntakeStore
 from intake.kit import KEY, db, install_all, install_all_via_cli, open_store
 
 #: Columns that hold the time of the write, not what was written.

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from agentdispatch.gateway.intake import outbound
-from agentdispatch.gateway.intake.envelope import IntakeEnvelope
-from agentdispatch.gateway.intake.handler import ACKNOWLEDGEMENT, acknowledge
-from agentdispatch.gateway.intake.processor import Context
+from agentdispatch.intake import outbound
+from agentdispatch.intake.envelope import IntakeEnvelope
+from agentdispatch.intake.handler import ACKNOWLEDGEMENT, acknowledge
+from agentdispatch.intake.processor import Context
 from intake.fakeapi import OK, Answer, serve
 
 Script = list[tuple[int, dict[str, str], bytes]]

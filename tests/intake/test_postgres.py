@@ -15,8 +15,8 @@ import psycopg
 import pytest
 
 from agentdispatch.backends.postgres.store import PostgresStore
-from agentdispatch.gateway.intake.admit import BACKLOG_PER_AGENT
-from agentdispatch.gateway.intake.store import _dialect
+from agentdispatch.intake.admit import BACKLOG_PER_AGENT
+from agentdispatch.intake.store import _dialect
 from backends import fresh_pg_database
 from e2e.gatewayproc import Gateway
 from intake.kit import (

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agentdispatch.gateway.intake.admit import BACKLOG_PER_AGENT
-from agentdispatch.gateway.intake.handler import ACKNOWLEDGEMENT
+from agentdispatch.intake.admit import BACKLOG_PER_AGENT
+from agentdispatch.intake.handler import ACKNOWLEDGEMENT
 from intake.kit import TG_BOT
 from intake.sitekit import Site, send, site, tg_job, wait_for
 

@@ -8,7 +8,7 @@ import json
 
 from slack_sdk.signature import SignatureVerifier
 
-from agentdispatch.gateway.intake import slack, telegram, twilio
+from agentdispatch.intake import slack, telegram, twilio
 from intake.kit import slack_sign, twilio_sign
 
 BODY = b'{"type":"event_callback","event_id":"Ev1"}'

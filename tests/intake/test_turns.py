@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from agentdispatch.gateway.intake import admin
-from agentdispatch.gateway.intake import processor as proc
-from agentdispatch.gateway.intake.admit import Incoming, admit
-from agentdispatch.gateway.intake.answers import ok
-from agentdispatch.gateway.intake.processor import Context
+from agentdispatch.intake import admin
+from agentdispatch.intake import processor as proc
+from agentdispatch.intake.admit import Incoming, admit
+from agentdispatch.intake.answers import ok
+from agentdispatch.intake.processor import Context
 from agentdispatch.workitem import Status
 from backends import sqlite_harness
 from intake.turnkit import Rig, make_rig, recording_server, registry

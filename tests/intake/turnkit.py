@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agentdispatch.gateway.intake import admin
-from agentdispatch.gateway.intake.admit import Incoming, admit, job_id_of
-from agentdispatch.gateway.intake.answers import ok
-from agentdispatch.gateway.intake.envelope import IntakeEnvelope
-from agentdispatch.gateway.intake.handler import build_handler
-from agentdispatch.gateway.intake.processor import Context, Respond
-from agentdispatch.gateway.intake.store import IntakeStore
 from agentdispatch.handlers import Registry
+from agentdispatch.intake import admin
+from agentdispatch.intake.admit import Incoming, admit, job_id_of
+from agentdispatch.intake.answers import ok
+from agentdispatch.intake.envelope import IntakeEnvelope
+from agentdispatch.intake.handler import build_handler
+from agentdispatch.intake.processor import Context, Respond
+from agentdispatch.intake.store import IntakeStore
 from backends import Harness
 from intake.fakeapi import OK, Answer, body_of, serve
 

@@ -86,7 +86,7 @@ def test_no_backend_imports_another() -> None:
 BACKEND_IMPORTERS = {"factory", "testing"}
 #: Known reaches past the seams into one backend: intake's PostgreSQL request
 #: path, until intake has a seam of its own (issue 22).
-KNOWN_REACHES = {("gateway.intake.admit", "backends.postgres.tx")}
+KNOWN_REACHES = {("intake.admit", "backends.postgres.tx")}
 
 
 def test_only_the_factory_imports_backends() -> None:

@@ -12,7 +12,7 @@ from . import emit
 from .app import App
 
 if TYPE_CHECKING:
-    from ..gateway.intake.store import IntakeStore
+    from ..intake.store import IntakeStore
 
 _SPEC = {
     # connector: (external id options, route key option)
@@ -23,7 +23,7 @@ _SPEC = {
 
 
 def _istore(obj: App) -> IntakeStore:
-    from ..gateway.intake.store import IntakeStore
+    from ..intake.store import IntakeStore
 
     return IntakeStore(obj.store)
 
@@ -57,7 +57,7 @@ def register(main: click.Group) -> None:
     def install(obj: App, /, connector: str, tenant: str, credentials_ref: str | None, credentials_stdin: bool,
                 as_json: bool, **opts: str) -> None:  # fmt: skip
         """Create or update an installation (credentials never echoed)."""
-        from ..gateway.intake.admin import install as do_install
+        from ..intake.admin import install as do_install
 
         parts, route_opt = _SPEC[connector]
         if any(not opts[p] for p in parts):
@@ -109,7 +109,7 @@ def register(main: click.Group) -> None:
     @click.pass_obj
     def listing(obj: App, what: str, as_json: bool) -> None:
         """List installations, agents, routes, or receipt counts by state."""
-        from ..gateway.intake.admin import listing as do_list
+        from ..intake.admin import listing as do_list
 
         rows = do_list(_istore(obj), what)
         emit(rows, as_json, lambda: click.echo("\n".join("  ".join(f"{k}={v}" for k, v in r.items()) for r in rows)))
@@ -120,7 +120,7 @@ def register(main: click.Group) -> None:
     @click.pass_obj
     def agent(obj: App, action: str, name: str) -> None:
         """Add, enable or disable an agent (a disabled agent's turns are rejected)."""
-        from ..gateway.intake.admin import set_agent
+        from ..intake.admin import set_agent
 
         try:
             set_agent(_istore(obj), name, enabled=action != "disable")
@@ -136,7 +136,7 @@ def register(main: click.Group) -> None:
     @click.pass_obj
     def route(obj: App, action: str, installation_id: str, channel: str, agent: str | None) -> None:
         """Route CHANNEL (``*`` = every channel) of an installation to AGENT, or remove the route."""
-        from ..gateway.intake.admin import set_route
+        from ..intake.admin import set_route
 
         if action == "set" and not agent:
             raise click.UsageError("route set needs an AGENT")
@@ -165,7 +165,7 @@ def register(main: click.Group) -> None:
     @click.pass_obj
     def messages(obj: App, installation_id: str, conversation: str, tenant: str, limit: int, as_json: bool) -> None:
         """A conversation's captured messages, oldest first (coalesced and steered ones too)."""
-        from ..gateway.intake.admin import messages as read
+        from ..intake.admin import messages as read
 
         rows = read(_istore(obj), installation_id, conversation, tenant=tenant, limit=limit)
         if rows is None:
@@ -175,7 +175,7 @@ def register(main: click.Group) -> None:
 
 
 def _status(obj: App, installation_id: str, status: str) -> None:
-    from ..gateway.intake.admin import set_installation_status
+    from ..intake.admin import set_installation_status
 
     if not set_installation_status(_istore(obj), installation_id, status):
         click.echo(f"error: no installation {installation_id}", err=True)

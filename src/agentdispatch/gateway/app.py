@@ -78,7 +78,9 @@ def create_app(services: Services) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Intake retention runs beside the webhooks that fill it.
         cfg = services.settings
-        scrubber = intake.Scrubber(services.store, every_s=cfg.intake_scrub_every_s, retention_s=cfg.intake_scrub_age_s)
+        from ..intake.janitor import Scrubber
+
+        scrubber = Scrubber(services.store, every_s=cfg.intake_scrub_every_s, retention_s=cfg.intake_scrub_age_s)
         scrubber.start()
         # Gateways fire periodic schedules too (workers do beside their reconciler).
         firer = Firer(services.dispatcher).start()

@@ -20,17 +20,17 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from ..auth import authenticate
-from ..errors import RETRY_AFTER_S, ApiError, error_body, is_outage
-from ..services import Services
-from . import slack, telegram, twilio
-from .admin import MAX_MESSAGES, messages
-from .admit import Abandoned, BacklogFull, Incoming, admit, answer_of
-from .answers import Answer, ok, twiml
-from .body import BodyRejected, read_capped
-from .credentials import CredentialError, open_credentials
-from .envelope import Rejection
-from .store import IntakeStore
+from ..intake import slack, telegram, twilio
+from ..intake.admin import MAX_MESSAGES, messages
+from ..intake.admit import Abandoned, BacklogFull, Incoming, admit, answer_of
+from ..intake.answers import Answer, ok, twiml
+from ..intake.body import BodyRejected, read_capped
+from ..intake.credentials import CredentialError, open_credentials
+from ..intake.envelope import Rejection
+from ..intake.store import IntakeStore
+from .auth import authenticate
+from .errors import RETRY_AFTER_S, ApiError, error_body, is_outage
+from .services import Services
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from ...errors import NonRetryableError, Retired
-from ...handlers import Handler, Turn
-from ...settings import Settings, load_settings
+from ..errors import NonRetryableError, Retired
+from ..handlers import Handler, Turn
+from ..settings import Settings, load_settings
 from . import outbound
 from . import processor as p
 from .credentials import open_credentials
@@ -16,7 +16,7 @@ from .envelope import IntakeEnvelope
 from .store import IntakeStore
 
 if TYPE_CHECKING:
-    from ...lease import LeaseGuard
+    from ..lease import LeaseGuard
 
 KIND = "intake_turn"
 SLOT_POLL_S = 0.1

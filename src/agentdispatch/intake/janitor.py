@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 import threading
 
-from ...errors import AgentDispatchError
-from ...stores.base import Store
+from ..errors import AgentDispatchError
+from ..stores.base import Store
 from .store import IntakeStore
 
 log = logging.getLogger(__name__)

@@ -9,8 +9,8 @@ from contextlib import contextmanager
 from functools import cache
 from typing import Any, Protocol, TypeVar
 
-from ...sqlfiles import queries
-from ...stores.base import Store
+from ..sqlfiles import queries
+from ..stores.base import Store
 
 T = TypeVar("T")
 
@@ -24,7 +24,7 @@ class IntakeTx(Protocol):
 
 @cache
 def _dialect(name: str) -> dict[str, str]:
-    q = queries("agentdispatch.gateway.intake", "queries.sql")
+    q = queries("agentdispatch.intake", "queries.sql")
     if name == "sqlite":
         return q
     # psycopg's paramstyle; no query of ours has a literal ':' or '%'.

@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ...stores import engine
-from ...stores.base import NewJob
+from ..stores import engine
+from ..stores.base import NewJob
 from .answers import Answer
 from .envelope import IntakeEnvelope
 from .flush import group_flush
@@ -178,7 +178,7 @@ def _admit_pg(
     import psycopg
     from psycopg import ClientCursor
 
-    from ...backends.postgres.tx import PostgresTx
+    from ..backends.postgres.tx import PostgresTx
 
     store: Any = istore.store
     accept = inc.state == "accepted" and inc.envelope is not None
