@@ -20,9 +20,11 @@ def pytest_configure(config: pytest.Config) -> None:
     them a shared bytecode cache (under pytest's cache directory, outside the
     source tree) so each does not compile every module it imports from source
     again when the environment turns bytecode writing off."""
-    if config.cache is None or os.environ.get("PYTHONPYCACHEPREFIX"):
+    # Without the cache plugin (``-p no:cacheprovider``) there is no cache.
+    cache = getattr(config, "cache", None)
+    if cache is None or os.environ.get("PYTHONPYCACHEPREFIX"):
         return
-    os.environ["PYTHONPYCACHEPREFIX"] = str(config.cache.mkdir("pycache"))
+    os.environ["PYTHONPYCACHEPREFIX"] = str(cache.mkdir("pycache"))
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
