@@ -78,6 +78,25 @@ def mutable_params(item: WorkItem) -> dict[str, Any]:
     }
 
 
+def insert_params(item: WorkItem, session_ref: str) -> dict[str, Any]:
+    """Every column of a new item, keyed for named parameters (``seq`` is the
+    caller's: assigned by the database or reserved ahead)."""
+    params = mutable_params(item)
+    params.update(
+        tenant=item.tenant,
+        session_id=item.session_id,
+        session_ref=session_ref,
+        kind=item.kind,
+        agent_name=item.agent_name,
+        payload=dumps(item.payload),
+        priority=item.priority,
+        dependencies=dumps(list(item.dependencies)) if item.dependencies else "[]",
+        deadline_unix=item.deadline_unix,
+        created_at=item.created_at,
+    )
+    return params
+
+
 def blocker_wait(status: str | None, lease_expires_at: float | None, now: float) -> float | None:
     """Seconds to wait before a session's next turn may be claimed, from the
     item that blocks it (None: nothing blocks). A running blocker is waited

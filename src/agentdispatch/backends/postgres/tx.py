@@ -19,7 +19,14 @@ from ...envelope import Envelope
 from ...policy import opaque_ref
 from ...sqlfiles import Queries
 from ...stores.base import Effect
-from ...stores.rows import blocker_wait, dumps, effect_from_row, effect_params, item_from_row, mutable_params
+from ...stores.rows import (
+    blocker_wait,
+    effect_from_row,
+    effect_params,
+    insert_params,
+    item_from_row,
+    mutable_params,
+)
 from ...workitem import WorkItem, evolve
 from .db import Conn
 
@@ -296,20 +303,8 @@ class PostgresTx:
         if not self._seqs:
             self.reserve_seqs(1)
         item = evolve(item, seq=self._seqs.pop())
-        params = mutable_params(item)
-        params.update(
-            seq=item.seq,
-            tenant=item.tenant,
-            session_id=item.session_id,
-            session_ref=self.session_ref(item),
-            kind=item.kind,
-            agent_name=item.agent_name,
-            payload=dumps(item.payload),
-            priority=item.priority,
-            dependencies=dumps(list(item.dependencies)) if item.dependencies else "[]",
-            deadline_unix=item.deadline_unix,
-            created_at=item.created_at,
-        )
+        params = insert_params(item, self.session_ref(item))
+        params["seq"] = item.seq
         self._inserts.append(params)
         return item
 

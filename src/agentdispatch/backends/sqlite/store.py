@@ -37,9 +37,9 @@ from ...stores.base import (
 from ...stores.rows import (
     advance_params,
     blocker_wait,
-    dumps,
     effect_from_row,
     effect_params,
+    insert_params,
     item_from_row,
     mutable_params,
     schedule_from_row,
@@ -142,19 +142,7 @@ class SqliteTx:
         return opaque_ref(self.ref_key, "session", item.tenant, item.session_id)
 
     def insert(self, item: WorkItem) -> WorkItem:
-        params = mutable_params(item)
-        params.update(
-            tenant=item.tenant,
-            session_id=item.session_id,
-            session_ref=self.session_ref(item),
-            kind=item.kind,
-            agent_name=item.agent_name,
-            payload=dumps(item.payload),
-            priority=item.priority,
-            dependencies=dumps(list(item.dependencies)) if item.dependencies else "[]",
-            deadline_unix=item.deadline_unix,
-            created_at=item.created_at,
-        )
+        params = insert_params(item, self.session_ref(item))
         if self._pending is None:
             params["seq"] = None
             seq = self.c.execute(Q["insert"], params).lastrowid
