@@ -417,6 +417,8 @@ def checkpoint_text(state: Any) -> str:
         text = json.dumps(state, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"checkpoint state must be JSON (dicts, lists, str, numbers, bools, None): {exc}") from None
+    except RecursionError:
+        raise InvalidInput("checkpoint state nests too deeply to be stored as JSON") from None
     size = len(text.encode())
     if size > MAX_CHECKPOINT_BYTES:
         raise InvalidInput(
@@ -427,14 +429,26 @@ def checkpoint_text(state: Any) -> str:
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` when JSON can hold it, else its repr (results are stored as JSON)."""
+    """``value`` when JSON can hold it, else its repr (results are stored as JSON).
+
+    Strict JSON: a NaN or an infinity would be stored, then break every
+    reader that follows the standard (the gateway's views answered 500)."""
     import json
 
     try:
-        json.dumps(value)
+        json.dumps(value, allow_nan=False)
     except (TypeError, ValueError):
-        return repr(value)
+        return _safe_repr(value)
+    except RecursionError:
+        return f"<{type(value).__name__} nested too deeply to store as JSON>"
     return value
+
+
+def _safe_repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception:  # a repr that raises or recurses: the type still tells something
+        return f"<{type(value).__name__} that cannot be shown>"
 
 
 class Renewer:
