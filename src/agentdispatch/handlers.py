@@ -134,7 +134,7 @@ def failure_outcome(exc: Exception) -> Outcome | None:
     if isinstance(exc, EffectUnknown):
         return Outcome(ok=False, error=str(exc), retryable=False, dead_letter_reason="effect_unknown")
     if isinstance(exc, NonRetryableError):
-        error = str(exc) or "non-retryable failure"
+        error = _text(exc) or "non-retryable failure"
         return Outcome(
             ok=False,
             error=error,
@@ -145,11 +145,25 @@ def failure_outcome(exc: Exception) -> Outcome | None:
         )
     # A handler's failure is data, not a crash; its traceback tells the
     # on-call where it happened.
-    return Outcome(ok=False, error=f"{type(exc).__name__}: {exc}"[:2000], retryable=True, traceback=_traceback(exc))
+    return Outcome(
+        ok=False, error=f"{type(exc).__name__}: {_text(exc)}"[:2000], retryable=True, traceback=_traceback(exc)
+    )
+
+
+def _text(exc: BaseException) -> str:
+    """``str(exc)``, or a stand-in when the exception's own ``__str__`` fails:
+    the failure must still be committed, or the turn would wait out its lease."""
+    try:
+        return str(exc)
+    except Exception:
+        return "<the exception's message could not be read>"
 
 
 def _traceback(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(exc)).rstrip()
+    try:
+        return "".join(traceback.format_exception(exc)).rstrip()
+    except Exception:
+        return f"{type(exc).__name__}: <the traceback could not be formatted>"
 
 
 def outcome_of(

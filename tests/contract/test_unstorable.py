@@ -1,6 +1,6 @@
 """Contract: what a handler hands back that JSON cannot hold (a NaN, a value
-nested too deeply) still ends its turn, and every view of the job stays
-standard JSON."""
+nested too deeply, an exception whose message cannot be read) still ends its
+turn with a reason, and every view of the job stays standard JSON."""
 
 from __future__ import annotations
 
@@ -43,6 +43,11 @@ def _nested(depth: int) -> list[Any]:
     return top
 
 
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("this message cannot be read")
+
+
 def _registry() -> Registry:
     reg = Registry()
 
@@ -57,6 +62,10 @@ def _registry() -> Registry:
     @reg.register("effect_not_a_number")
     def effect_not_a_number(turn, guard):
         return guard.side_effect(f"score:{turn.job_id}", lambda: float("-inf"))
+
+    @reg.register("unprintable")
+    def unprintable(turn, guard):
+        raise _Unprintable()
 
     @reg.register("deep_checkpoint")
     def deep_checkpoint(turn, guard):
@@ -88,3 +97,9 @@ def test_results_json_cannot_hold_are_stored_as_text_and_views_stay_json(make_ha
     assert "nested too deeply" in views["too_deep"]["job"]["result"]
     assert [e["state"] for e in views["effect_not_a_number"]["side_effects"]] == ["committed"]
     assert "nests too deeply" in views["deep_checkpoint"]["job"]["result"]["refused"]
+
+
+def test_an_exception_whose_message_cannot_be_read_still_ends_the_turn(make_harness):
+    failed = _run(make_harness, ["unprintable"])["unprintable"]["job"]
+    assert failed["status"] == Status.DEAD_LETTER.value and failed["reason"] == "max_attempts"
+    assert failed["error"].startswith("_Unprintable: ")
