@@ -202,6 +202,14 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Cli, str]:
 BAD_INPUT: list[tuple[str, list[str], dict[str, str], str | None]] = [
     ("malformed-payload", ["submit", "echo", "--payload", '{"a": '], {}, "--payload"),
     ("nan-payload", ["submit", "echo", "--payload", "NaN"], {}, "payload"),
+    # Deeper than Python's JSON parser recurses: a clear line, not a traceback.
+    ("deep-payload", ["submit", "echo", "--payload", "[" * 5000 + "]" * 5000], {}, "--payload nests too deeply"),
+    (
+        "deep-schedule-payload",
+        ["schedule", "add", "deep", "echo", "--cron", "* * * * *", "--payload", "[" * 5000 + "]" * 5000],
+        {},
+        "--payload nests too deeply",
+    ),
     ("unknown-kind", ["submit", "no_such_kind"], {}, "no_such_kind"),
     ("bad-kind", ["submit", "bad kind!"], {}, "kind"),
     ("bad-tenant", ["submit", "echo", "--tenant", "two words"], {}, "tenant"),
@@ -277,6 +285,14 @@ def test_oversized_payload_from_a_file_is_refused(cli: Cli) -> None:
     big.write_text(json.dumps({"blob": "x" * (1024 * 1024)}))
     before = cli.job_count()
     assert_clean_error(cli.run("submit", "echo", "--payload", f"@{big}"), mentions="1048576")
+    assert cli.job_count() == before
+
+
+def test_payload_file_that_is_not_utf8_is_refused(cli: Cli) -> None:
+    latin1 = cli.root / "latin1.json"
+    latin1.write_bytes('{"name": "Zoë"}'.encode("latin-1"))
+    before = cli.job_count()
+    assert_clean_error(cli.run("submit", "echo", "--payload", f"@{latin1}"), mentions="not UTF-8")
     assert cli.job_count() == before
 
 

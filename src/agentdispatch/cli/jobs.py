@@ -80,6 +80,17 @@ _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 
 
+def parse_json_option(text: str, option: str) -> Any:
+    """The JSON value of an option, or :class:`InvalidInput` naming it (also
+    for a value nested deeper than the parser's recursion limit)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise InvalidInput(f"{option} is not valid JSON") from None
+    except RecursionError:
+        raise InvalidInput(f"{option} nests too deeply") from None
+
+
 def parse_duration(text: str, option: str = "--delay") -> float:
     """``30s``, ``5m``, ``2h``, ``1d`` or plain seconds."""
     m = _DURATION.match(text.lower())
@@ -137,13 +148,12 @@ def register(main: click.Group) -> None:
         if payload.startswith("@"):
             # Large payloads come from a file: one argv string is capped at 128 KiB.
             try:
-                payload = Path(payload[1:]).read_text()
+                payload = Path(payload[1:]).read_text(encoding="utf-8")
             except OSError as exc:
                 raise InvalidInput(f"--payload file cannot be read ({exc.strerror})") from None
-        try:
-            body = json.loads(payload)
-        except ValueError:
-            raise InvalidInput("--payload is not valid JSON") from None
+            except UnicodeDecodeError:
+                raise InvalidInput("--payload file is not UTF-8 text") from None
+        body = parse_json_option(payload, "--payload")
         obj.app_spec = app_spec
         delay, at = kw.pop("delay"), kw.pop("at")
         if delay is not None and at is not None:

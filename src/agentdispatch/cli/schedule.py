@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
-from ..errors import InvalidInput
 from .app import App
-from .jobs import JSON, TENANT
+from .jobs import JSON, TENANT, parse_json_option
 
 
 def _emit(data: Any, as_json: bool, human: Any) -> None:
@@ -51,10 +49,7 @@ def register(main: click.Group) -> None:
         obj: App, /, name: str, kind: str, payload: str, tenant: str, as_json: bool, app_spec: str | None, **kw: Any
     ) -> None:
         """Add schedule NAME firing a job of KIND at each tick."""
-        try:
-            body = json.loads(payload)
-        except ValueError:
-            raise InvalidInput("--payload is not valid JSON") from None
+        body = parse_json_option(payload, "--payload")
         obj.app_spec = app_spec
         view = schedules(obj, check_kinds=True).add(tenant, name, kind=kind, payload=body, **kw)
         _emit(view, as_json, lambda: _line(view))
