@@ -104,6 +104,8 @@ def validate(sub: Submission, *, max_attempts: int, known_kinds: frozenset[str] 
         body = _PAYLOAD_JSON.encode(sub.payload)
     except (TypeError, ValueError):
         raise InvalidInput("payload must be JSON-serialisable (no NaN/Infinity)") from None
+    except RecursionError:
+        raise InvalidInput("payload nests too deeply to be stored as JSON") from None
     if len(body) > MAX_PAYLOAD_BYTES:  # ASCII (non-ASCII is escaped): characters are bytes
         raise PayloadTooLarge(f"payload is {len(body)} bytes; the limit is {MAX_PAYLOAD_BYTES}")
     if isinstance(sub.priority, bool) or not isinstance(sub.priority, int) or not -100 <= sub.priority <= 100:
@@ -119,6 +121,9 @@ def validate(sub: Submission, *, max_attempts: int, known_kinds: frozenset[str] 
             raise InvalidInput("deadline_unix must be a positive number of seconds since the epoch")
         deadline = float(deadline)
     not_before, delay_s = _timing(sub.not_before, sub.delay_s)
+    if isinstance(sub.dependencies, (str, bytes)) or not isinstance(sub.dependencies, Iterable):
+        # A bare id would be read as a sequence of one-character ids.
+        raise InvalidInput("dependencies must be a list of job ids")
     deps = tuple(_ident("dependency", d) for d in sub.dependencies)
     if len(deps) > 100:
         raise InvalidInput("at most 100 dependencies")

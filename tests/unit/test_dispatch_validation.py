@@ -100,6 +100,27 @@ def test_bad_dependencies(deps: tuple[Any, ...]) -> None:
     assert "depend" in bad(dependencies=deps)
 
 
+@pytest.mark.parametrize("deps", ["dispatch-abc", b"dispatch-abc", 7, None])
+def test_dependencies_that_are_not_a_list_are_refused(deps: Any) -> None:
+    # A bare id must not be read as one dependency per character.
+    assert bad(dependencies=deps) == "dependencies must be a list of job ids"
+
+
+def _nested(depth: int) -> list[Any]:
+    top: list[Any] = []
+    cur = top
+    for _ in range(depth):
+        nxt: list[Any] = []
+        cur.append(nxt)
+        cur = nxt
+    return top
+
+
+def test_a_payload_nested_too_deeply_is_invalid_input() -> None:
+    assert "nests too deeply" in bad(payload=_nested(5000))
+    assert ok(payload=_nested(100)).payload
+
+
 def test_a_job_cannot_depend_on_itself() -> None:
     assert "itself" in bad(job_id="j1", dependencies=("j1",))
 
@@ -167,8 +188,9 @@ def _count(d: Dispatcher) -> int:
         (Submission(kind="unknown_kind"), InvalidInput),
         (Submission(kind="echo", tenant="bad tenant"), InvalidInput),
         (Submission(kind="echo", dependencies=("dispatch-missing",)), InvalidInput),
+        (Submission(kind="echo", payload=_nested(5000)), InvalidInput),
     ],
-    ids=["oversized", "unknown-kind", "bad-tenant", "missing-dependency"],
+    ids=["oversized", "unknown-kind", "bad-tenant", "missing-dependency", "too-deep"],
 )
 def test_rejected_batch_changes_nothing(dispatcher: Dispatcher, sub: Submission, exc: type[Exception]) -> None:
     dispatcher.submit(Submission(kind="echo", payload=1))
