@@ -299,3 +299,15 @@ def test_oversized_bodies_are_413_and_change_nothing(api: httpx.Client, harness:
     r = api.post("/v1/jobs", content=chunks(), headers={"Content-Type": "application/json"})
     assert r.status_code == 413 and r.json()["error"] == "body_too_large"
     assert harness.store.counts(None) == before
+
+
+def test_sigterm_stops_the_gateway_cleanly_with_exit_0(tmp_path: Path) -> None:
+    g = start_gateway(tmp_path / "data")
+    try:
+        with g.client("acme") as c:
+            assert c.post("/v1/jobs", json={"kind": "echo"}).status_code == 202
+    finally:
+        g.stop()
+    # A supervisor reads anything but 0 after its own SIGTERM as a crash.
+    assert g.proc.returncode == 0, g.log()
+    assert "Traceback" not in g.log()

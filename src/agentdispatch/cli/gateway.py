@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import secrets
+import signal
 import sys
+from types import FrameType
 from typing import Any
 
 import click
@@ -45,6 +47,11 @@ def gateway_checks(obj: App) -> list[Any]:
     return [_try("gateway", app), _try("gateway_tokens", tokens)]
 
 
+def _stopped(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM outside uvicorn's own handler: a clean stop (exit 0)."""
+    raise SystemExit(0)
+
+
 def register(main: click.Group) -> None:
     """Attach ``gateway``, ``token`` and ``mcp`` to ``main``."""
 
@@ -74,6 +81,10 @@ def register(main: click.Group) -> None:
         services.transport.ping()
         mode = "auth off (loopback)" if no_auth else "bearer auth"
         click.echo(f"gateway on {services.transport.name}, {mode}: http://{host}:{port}/", err=True)
+        # uvicorn shuts down gracefully on SIGTERM, then raises the signal again
+        # under the handler it found: with the default one the process died
+        # there (exit 143) before the store and transport were closed.
+        signal.signal(signal.SIGTERM, _stopped)
         try:
             # One log format for uvicorn's lines and ours (AGENT_DISPATCH_LOG_FORMAT).
             config = logging_config(obj.settings.log_format.value, log_level)
