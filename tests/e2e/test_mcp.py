@@ -113,6 +113,7 @@ def test_mcp_streamable_http_dispatches_and_reads_status(tmp_path: Path) -> None
         log.close()
     assert set(handle) == HANDLE_KEYS
     assert view["job_id"] == handle["job_id"] and view["status"] == "ready" and view["tenant"] == "default"
+    assert proc.returncode == 0, (tmp_path / "mcp.log").read_text()  # SIGTERM is a clean stop
 
 
 BIG = "x" * (2 * 1024 * 1024)

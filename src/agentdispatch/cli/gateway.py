@@ -151,6 +151,7 @@ def register(main: click.Group) -> None:
             click.echo(f"error: refusing to serve MCP over HTTP on {host}; use a loopback address", err=True)
             sys.exit(2)
         server = build_server(obj.dispatcher(), tenant=tenant)
+        signal.signal(signal.SIGTERM, _stopped)  # as for the gateway: uvicorn re-raises it
         if mode == "stdio":
             server.run("stdio")
         else:
