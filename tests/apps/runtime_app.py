@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 from agentdispatch.handlers import Registry, Turn
@@ -32,3 +33,11 @@ async def think(turn: Turn, guard: LeaseGuard) -> dict[str, int]:
 
     await guard.side_effect_async(f"send:{turn.job_id}", send)
     return {"pid": os.getpid()}
+
+
+@registry.register("block")
+def block(turn: Turn, guard: LeaseGuard) -> str:
+    """A sync handler stuck in a call that never looks at its guard."""
+    _log(f"start {turn.job_id}")
+    time.sleep(3600)
+    return "woke"

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from agentdispatch import Status, Submission
@@ -55,5 +56,31 @@ def test_sigterm_releases_turns_in_flight_to_another_worker(tmp_path: Path) -> N
             second.send_signal(signal.SIGTERM)
             second.communicate(timeout=60)
         assert sorted(_lines(sink, "effect")) == sorted(jobs)  # each effect once
+    finally:
+        h.close()
+
+
+def test_a_sync_handler_past_the_grace_does_not_hold_the_process(tmp_path: Path) -> None:
+    h = sqlite_harness(tmp_path, claim_ttl_s=280.0, renew_interval_s=5.0)
+    sink = tmp_path / "sink"
+    sink.mkdir()
+    env = {**h.env, "AGENT_DISPATCH_CLAIM_TTL_S": "280", "RUNTIME_SINK_DIR": str(sink)}
+    try:
+        job = h.dispatcher().submit(Submission(kind="block", tenant="t")).job_id
+        worker = _worker(env, "--grace", "1")
+        try:
+            wait_until(lambda: _lines(sink, "start") == [job], timeout=60)
+            worker.send_signal(signal.SIGTERM)
+            # The handler sleeps an hour: only an exit that abandons it ends in time.
+            _, err = worker.communicate(timeout=60)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        assert worker.returncode == 0, err.decode()
+        assert b"released" in err and b"Traceback" not in err
+        item = h.store.get(job, "t")
+        assert item.result is None and item.lease_expires_at is not None
+        assert item.lease_expires_at <= time.time()  # released: the next claimer need not wait out the TTL
     finally:
         h.close()

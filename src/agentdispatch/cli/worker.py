@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import signal
 import sqlite3
 import sys
+import threading
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -140,7 +144,24 @@ def run_worker(
         sys.exit(exits.WORKER_FATAL)
     state = "clean" if clean else "grace period ran out; the turns left were released"
     click.echo(f"worker {worker.worker_id}: stopped ({state})", err=True)
+    if not clean and _abandoned_threads():
+        # A sync handler past the grace cannot be interrupted; its lease is
+        # released and its guard revoked, so nothing of it can land. Exit
+        # now: the interpreter would otherwise wait for it to return.
+        for closing in (transport, store):
+            with contextlib.suppress(Exception):
+                closing.close()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     sys.exit(0)
+
+
+def _abandoned_threads() -> bool:
+    """Whether threads other than the main one would hold up the exit."""
+    main = threading.main_thread()
+    return any(t is not main and t.is_alive() and not t.daemon for t in threading.enumerate())
 
 
 def _flags(fn: Callable[..., Any]) -> Callable[..., Any]:
