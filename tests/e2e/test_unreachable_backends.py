@@ -1,5 +1,5 @@
 """An explicitly chosen backend that cannot be reached stops the worker (or
-a CLI command) with exit code 2 and one clear line that names the setting and
+a CLI command) with exit code 69 and one clear line that names the setting and
 the cause and echoes no endpoint and no credential; a STATE_DB_URI that is not
 a PostgreSQL URI is a settings error."""
 
@@ -81,3 +81,24 @@ def test_cli_names_the_setting_and_the_cause_in_one_line(
     assert out.splitlines() == [out] and out.startswith(line), out  # one line, no pool warnings
     assert "pool" not in out.lower() and "schema" not in out
     assert SECRET not in out and "admin" not in out
+
+
+def test_doctor_blames_an_unreachable_broker_on_the_transport_not_the_store(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "AGENT_DISPATCH_DATA_DIR": str(tmp_path),
+        "TASK_QUEUE_BACKEND": "kafka",
+        "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{_free_port()}",
+    }
+    env.pop("STATE_DB_URI", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentdispatch", "doctor"], env=env, capture_output=True, text=True, timeout=120
+    )
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    # The store (SQLite here) is fine and says so; only the transport fails.
+    assert "OK   store: sqlite reachable" in lines and "OK   schema: version" in proc.stdout
+    assert [ln for ln in lines if ln.startswith("FAIL")] == [
+        "FAIL transport: Kafka is unreachable: check KAFKA_BOOTSTRAP_SERVERS and that the broker is running"
+    ]
+    assert "OK   workers: 0 live" in lines

@@ -55,20 +55,34 @@ def run_checks(obj: App) -> list[Check]:
     ]
     checks.append(lease_check(s))
 
+    from ..factory import open_store, open_transport
+
+    # Store and transport are opened one at a time, so that a broker that is
+    # down fails the transport line, not the store's, and the store's own
+    # checks still answer.
+    opened: dict[str, Any] = {}
+
     def store_ping() -> str:
-        obj.store.ping()
-        return f"{obj.store.name} reachable"
+        store = opened["store"] = open_store(s)
+        store.ping()
+        return f"{store.name} reachable"
 
     def transport_ping() -> str:
-        obj.transport.ping()
-        return f"{obj.transport.name} reachable"
+        transport = open_transport(s, opened["store"])
+        transport.ping()
+        obj.__dict__["backends"] = (opened["store"], transport)  # App.backends, for the checks below
+        return f"{transport.name} reachable"
 
     store_ok = _try("store", store_ping)
     checks.append(store_ok)
     if not store_ok.ok:
         return checks
-    checks.append(_try("schema", lambda: f"version {obj.store.schema_version()}"))
-    checks.append(_try("transport", transport_ping))
+    checks.append(_try("schema", lambda: f"version {opened['store'].schema_version()}"))
+    transport_ok = _try("transport", transport_ping)
+    checks.append(transport_ok)
+    if not transport_ok.ok:
+        checks.append(_try("workers", lambda: f"{len(opened['store'].workers())} live"))
+        return checks
     checks.append(_try("queue_depth", lambda: f"{obj.transport.depth()} unclaimed of max {s.max_depth}"))
     checks.append(_try("workers", lambda: f"{len(obj.store.workers())} live"))
     from .gateway import gateway_checks
