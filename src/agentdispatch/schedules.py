@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 
 from .dispatch import Dispatcher, Submission, validate
 from .errors import AgentDispatchError, IdempotencyConflict, InvalidInput, QueueFull
@@ -57,12 +57,21 @@ def check_cron(cron: str) -> str:
     """A valid cron expression (5 fields, or 6 with seconds last), or :class:`InvalidInput`."""
     if not isinstance(cron, str) or len(cron) > 200 or not croniter.is_valid(cron):
         raise InvalidInput(f"invalid cron expression {cron!r} (like '*/5 * * * *')")
+    fields = cron.split()
+    # croniter also takes a 7th field, a year: such a schedule runs out of
+    # ticks, and a schedule without a next tick cannot be advanced.
+    if not (len(fields) in (5, 6) or (len(fields) == 1 and fields[0].startswith("@"))):
+        raise InvalidInput(f"cron expression {cron!r} must have 5 fields, or 6 with seconds last")
     return cron
 
 
 def next_tick(cron: str, tz: str, after: float) -> float:
-    """The first tick of ``cron`` in ``tz`` strictly after ``after`` (unix time)."""
-    return float(croniter(cron, datetime.fromtimestamp(after, _zone(tz))).get_next(float))
+    """The first tick of ``cron`` in ``tz`` strictly after ``after`` (unix
+    time); :class:`InvalidInput` when there is none (February 30th)."""
+    try:
+        return float(croniter(cron, datetime.fromtimestamp(after, _zone(tz))).get_next(float))
+    except CroniterBadDateError:
+        raise InvalidInput(f"cron expression {cron!r} never fires after {after:.0f}") from None
 
 
 def latest_tick(cron: str, tz: str, now: float) -> tuple[float, float]:
@@ -174,7 +183,14 @@ class Schedules:
         now, due = self.d.store.schedules_due(limit)
         fired: list[str] = []
         for s in due:
-            tick, following = latest_tick(s.cron, s.tz, now)
+            try:
+                tick, following = latest_tick(s.cron, s.tz, now)
+            except InvalidInput as exc:
+                # A row stored before its expression was refused: pause it, so
+                # that it neither fails every pass nor holds up the schedules after it.
+                log.error("schedule %s/%s: paused, it has no next tick: %s", s.tenant, s.name, exc)
+                self.d.store.schedule_update(s.tenant, s.name, paused=True, next_at=s.next_at)
+                continue
             job_id = tick_job_id(s, tick)
             try:
                 self.d.submit(_submission(s, job_id))

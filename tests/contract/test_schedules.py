@@ -8,6 +8,7 @@ import pytest
 
 from agentdispatch import InvalidInput
 from agentdispatch.schedules import ScheduleExists, ScheduleNotFound, Schedules, tick_job_id
+from agentdispatch.stores.base import Schedule
 
 from .helpers import wait_until
 
@@ -48,6 +49,9 @@ def test_add_list_pause_resume_delete(harness):
         {"cron": "* * * * *", "kind": "bad kind"},
         {"cron": "* * * * *", "kind": "echo", "priority": 1000},
         {"cron": "* * * * *", "kind": "echo", "payload": float("nan")},
+        {"cron": "0 0 30 2 *", "kind": "echo"},  # February 30th: never fires
+        {"cron": "* * * * * * 2020", "kind": "echo"},  # croniter's year field: runs out of ticks
+        {"cron": "* * * * * * *", "kind": "echo"},
     ],
 )
 def test_bad_schedules_are_refused_and_change_nothing(harness, fields):
@@ -107,3 +111,17 @@ def test_a_worker_fires_due_schedules(harness):
     s.pause("t", "tick")
     jobs = _jobs(harness)
     assert jobs and all(harness.store.get(j, "t").payload == "beat" for j in jobs)
+
+
+def test_a_stored_schedule_without_a_next_tick_is_paused_and_holds_up_no_other(harness):
+    # A row from before such expressions were refused: its year is over.
+    now = _db_now(harness)
+    over = Schedule("t", "over", "0 0 1 1 * 0 2020", "UTC", "echo", None, next_at=now - 60.0, created_at=now - 90.0)
+    assert harness.store.schedule_add(over)
+    s = Schedules(harness.dispatcher())
+    s.add("t", "live", cron=EVERY_SECOND, kind="echo")
+    first = s.get("t", "live")["next_at"]
+    wait_until(lambda: _db_now(harness) >= first, timeout=30, every=0.1)
+    fired = s.fire_due()  # the spent row is due first; the live one still fires
+    assert len(fired) == 1 and _jobs(harness) == fired
+    assert s.get("t", "over")["paused"] is True and s.get("t", "live")["paused"] is False
