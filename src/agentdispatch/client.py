@@ -10,6 +10,7 @@ fresh one kept across the retries of that call)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -65,6 +66,18 @@ class _Call:
     idempotent: bool = True
     #: Read timeout of this call (a long-poll waits longer than a plain read).
     timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        # httpx encodes the body as strict JSON when sending; a body it cannot
+        # encode is the caller's mistake, answered like the gateway would.
+        if self.body is None:
+            return
+        try:
+            json.dumps(self.body, allow_nan=False)
+        except (TypeError, ValueError):
+            raise InvalidInput("the request must be JSON (no NaN/Infinity, sets or objects)") from None
+        except RecursionError:
+            raise InvalidInput("the request nests too deeply to be sent as JSON") from None
 
 
 def _key() -> str:

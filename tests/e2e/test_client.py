@@ -83,6 +83,21 @@ def test_gateway_errors_are_typed(client: Client, gw: Gateway) -> None:
         nowhere.status(h.job_id)
 
 
+def test_a_body_json_cannot_hold_is_invalid_input_and_sends_nothing(client: Client) -> None:
+    before = len(client.jobs(limit=500)["jobs"])
+    deep: list[object] = []
+    cur = deep
+    for _ in range(5000):
+        cur.append([])
+        cur = cur[0]  # type: ignore[assignment]
+    for payload in (float("nan"), {1, 2}, deep):
+        with pytest.raises(InvalidInput):
+            client.submit("echo", payload)
+        with pytest.raises(InvalidInput):
+            client.submit_many([{"kind": "echo", "payload": payload}])
+    assert len(client.jobs(limit=500)["jobs"]) == before
+
+
 def test_cancel_and_replay(client: Client, worker: subprocess.Popen[str]) -> None:
     parent = client.submit("sleep", {"seconds": 30})
     child = client.submit("echo", dependencies=[parent.job_id])
