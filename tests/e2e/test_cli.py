@@ -348,7 +348,7 @@ def test_doctor_fails_on_an_unreachable_store_without_printing_the_path(cli: Cli
 
 @pytest.mark.parametrize("command", [["agentdispatch", "worker"], ["agent-dispatch-worker"]])
 @pytest.mark.parametrize("breakage", ["db-is-a-directory", "db-is-garbage"])
-def test_worker_preflight_exits_69_when_the_store_is_unreachable(cli: Cli, command: list[str], breakage: str) -> None:
+def test_worker_preflight_exits_2_when_the_store_is_unreachable(cli: Cli, command: list[str], breakage: str) -> None:
     cli.data_dir.mkdir(parents=True)
     db = cli.data_dir / "agent_dispatch_queue.db"
     if breakage == "db-is-a-directory":
@@ -356,20 +356,20 @@ def test_worker_preflight_exits_69_when_the_store_is_unreachable(cli: Cli, comma
     else:
         db.write_bytes(b"this is not an sqlite database" * 100)
     proc = subprocess.run(command, env=cli.env(), capture_output=True, text=True, timeout=TIMEOUT, check=False)
-    assert proc.returncode == 69, proc.stderr  # EX_UNAVAILABLE, not a usage error
+    assert proc.returncode == 2, proc.stderr  # SPEC section 7: the worker's preflight exits 2
     line = assert_clean_error(proc)
     assert "AGENT_DISPATCH_DATA_DIR" in line
     assert str(cli.root) not in line
 
 
 @pytest.mark.parametrize("command", [["agentdispatch", "worker"], ["agent-dispatch-worker"]])
-def test_worker_preflight_exits_69_when_the_data_dir_is_under_a_regular_file(cli: Cli, command: list[str]) -> None:
+def test_worker_preflight_exits_2_when_the_data_dir_is_under_a_regular_file(cli: Cli, command: list[str]) -> None:
     blocker = cli.root / "regular-file"
     blocker.write_text("not a directory")
     env = cli.env(AGENT_DISPATCH_DATA_DIR=str(blocker / "data"))
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT, check=False)
     assert "Traceback" not in proc.stderr
-    assert proc.returncode == 69
+    assert proc.returncode == 2
     assert_clean_error(proc, mentions="AGENT_DISPATCH_DATA_DIR")
 
 

@@ -33,7 +33,7 @@ def test_worker_preflight_fails_loudly_without_echoing_endpoints(
         ["agent-dispatch-worker", "--workers", "1"], env=full, capture_output=True, text=True, timeout=120, check=False
     )
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 69, out
+    assert proc.returncode == 2, out  # SPEC section 7
     assert names in out
     assert "Traceback" not in out
     assert "127.0.0.1:1" not in out and SECRET not in out and "admin" not in out

@@ -102,7 +102,7 @@ def serve_metrics(port: int, host: str, metrics: Metrics, store: Store, transpor
 def run_worker(
     obj: App, options: RuntimeOptions, app_spec: str | None, metrics_port: int | None, metrics_host: str = "127.0.0.1"
 ) -> None:
-    """Preflight (exit 69, unavailable, on failure), then run until SIGTERM/SIGINT."""
+    """Preflight (exit 2 on failure, naming the setting), then run until SIGTERM/SIGINT."""
     obj.app_spec = app_spec
     try:
         settings = obj.settings
@@ -115,14 +115,14 @@ def run_worker(
             f"error: preflight failed: {exc} (check TASK_QUEUE_BACKEND / STATE_DB_URI / KAFKA_BOOTSTRAP_SERVERS)",
             err=True,
         )
-        sys.exit(exits.UNAVAILABLE)
+        sys.exit(exits.PREFLIGHT)
     except sqlite3.DatabaseError:
         # Raised as is at run time (a worker exits non-zero); at start-up it is a setting to check.
         click.echo(
             "error: preflight failed: the SQLite queue file is not a database (check AGENT_DISPATCH_DATA_DIR)",
             err=True,
         )
-        sys.exit(exits.UNAVAILABLE)
+        sys.exit(exits.PREFLIGHT)
     if metrics_port is not None:
         serve_metrics(metrics_port, metrics_host, worker.metrics, store, transport)
 
