@@ -125,11 +125,11 @@ _SETUP = """
 import sys
 from agentdispatch.cli.app import App
 from agentdispatch.dispatch import Submission
+from agentdispatch.factory import open_intake_store
 from agentdispatch.intake.admin import installation_id, set_agent, set_route
-from agentdispatch.intake.store import IntakeStore
 agents, chats, busy = (int(a) for a in sys.argv[1:4])
 app = App()
-ist = IntakeStore(app.store)
+ist = open_intake_store(app.store)
 inst = installation_id("telegram", sys.argv[4])
 for a in range(agents):
     set_agent(ist, f"agent{a}", enabled=True)

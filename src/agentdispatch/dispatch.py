@@ -10,13 +10,13 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from . import tracing
 from .envelope import MAX_PAYLOAD_BYTES, JobHandle, new_job_id
 from .errors import InvalidInput, PayloadTooLarge, TaskQueueUnavailable
 from .settings import Settings
-from .stores.base import JobFilter, NewJob, Store
+from .stores.base import Accepted, JobFilter, NewJob, Store
 from .transports.base import Sender
 from .waiting import wait_view
 from .workitem import Status, WorkItem
@@ -208,6 +208,14 @@ def _timing(not_before: Any, delay_s: Any) -> tuple[float | None, float]:
     return None, 0.0
 
 
+class Write(Protocol):
+    """Where :meth:`Dispatcher.submit_many` writes the validated jobs:
+    :meth:`Store.submit`, or a caller's transaction that records more with them."""
+
+    def __call__(self, jobs: Sequence[NewJob], /, *, max_depth: int) -> list[Accepted]:
+        """Insert the jobs durably, admitting against ``max_depth`` active items."""
+
+
 class Dispatcher:
     """Submit and inspect jobs over one store and one transport."""
 
@@ -228,14 +236,17 @@ class Dispatcher:
         """Accept one turn; returns its handle once it is durable."""
         return self.submit_many([sub])[0]
 
-    def submit_many(self, subs: Sequence[Submission]) -> list[JobHandle]:
-        """Accept a batch in one transaction (all or nothing)."""
+    def submit_many(self, subs: Sequence[Submission], *, write: Write | None = None) -> list[JobHandle]:
+        """Accept a batch in one transaction (all or nothing). ``write``: the
+        store write, when the caller records more in its transaction (durable
+        intake: the receipt); it commits before it returns, and may accept
+        none of the jobs (a duplicate delivery)."""
         jobs = [validate(s, max_attempts=self.settings.max_attempts, known_kinds=self.known_kinds) for s in subs]
         if not jobs:
             return []
         with tracing.span("submit", turns=len(jobs), kind=jobs[0].kind if len(jobs) == 1 else None) as s:
             self.transport.admit(len(jobs), self.settings.max_depth)
-            accepted = self.store.submit(jobs, max_depth=self.settings.max_depth)
+            accepted = (write or self.store.submit)(jobs, max_depth=self.settings.max_depth)
             if s is not None and len(accepted) == 1:
                 s.set_attribute("agentdispatch.job_id", accepted[0].item.id)
             self._publish()

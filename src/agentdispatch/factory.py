@@ -7,6 +7,7 @@ import importlib
 from typing import Any
 
 from .errors import TaskQueueUnavailable
+from .intake.base import IntakeStore
 from .settings import Backend, Settings
 from .stores.base import Store
 from .transports.base import Transport
@@ -75,3 +76,18 @@ def open_backends(settings: Settings, *, migrate: bool | None = None) -> tuple[S
     """Store and transport, ready to use."""
     store = open_store(settings, migrate=migrate)
     return store, open_transport(settings, store)
+
+
+def open_intake_store(store: Store) -> IntakeStore:
+    """Durable intake's tables in the WorkItem store's database (with a Kafka
+    queue too: receipts live beside the WorkItems, in the store)."""
+    if store.name == "sqlite":
+        from .backends.sqlite.intake import SqliteIntakeStore
+        from .backends.sqlite.store import SqliteStore
+
+        if isinstance(store, SqliteStore):
+            return SqliteIntakeStore(store)
+    if store.name == "postgres":
+        cls = _load("backends.postgres.intake", "PostgresIntakeStore", "postgres")
+        return cls(store)  # type: ignore[no-any-return]
+    raise ValueError(f"durable intake needs the SQLite or PostgreSQL store, not {store.name}")

@@ -19,8 +19,8 @@ from twilio.request_validator import RequestValidator
 
 from agentdispatch.backends.postgres.store import PostgresStore
 from agentdispatch.backends.sqlite.store import SqliteStore
+from agentdispatch.factory import open_intake_store
 from agentdispatch.intake import admin
-from agentdispatch.intake.store import IntakeStore
 from agentdispatch.settings import SQLITE_FILE
 from agentdispatch.stores.base import Store
 from e2e.gatewayproc import Gateway, cli_env, start_gateway
@@ -67,7 +67,7 @@ def install_all(data_dir: Path, api_base: str = "", **env: str) -> Installations
     :func:`install_all_via_cli` makes the same ones through the real commands."""
     store = open_store(data_dir, **env)
     try:
-        istore = IntakeStore(store)
+        istore = open_intake_store(store)
         common = {"tenant": "acme", "master_key": KEY, "api_base": api_base}
         s = admin.install(istore, connector="slack", external_id=f"{APP}:{TEAM}", route_key=APP,
                           secrets={"signing_secret": SLACK_SECRET, "bot_token": "xoxb-1"},

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from agentdispatch.factory import open_intake_store
 from agentdispatch.intake import admin
 from agentdispatch.intake.credentials import open_credentials
-from agentdispatch.intake.store import IntakeStore
 from intake.kit import KEY, db, install_all, install_all_via_cli, open_store
 
 #: Columns that hold the time of the write, not what was written.
@@ -19,7 +19,7 @@ _WHEN = ("created_at", "updated_at")
 def _deployment(data: Path) -> dict[str, Any]:
     store = open_store(data)
     try:
-        istore = IntakeStore(store)
+        istore = open_intake_store(store)
         listed = {what: admin.listing(istore, what) for what in ("installations", "agents", "routes")}
     finally:
         store.close()

@@ -16,7 +16,6 @@ import pytest
 
 from agentdispatch.backends.postgres.store import PostgresStore
 from agentdispatch.intake.admit import BACKLOG_PER_AGENT
-from agentdispatch.intake.store import _dialect
 from backends import fresh_pg_database
 from e2e.gatewayproc import Gateway
 from intake.kit import (
@@ -142,7 +141,7 @@ def test_intake_near_the_backlog_bound_does_not_wait_for_another_intake(tmp_path
         with psycopg.connect(uri) as other:
             # What a concurrent intake of the same agent runs first, 16 below the bound.
             params = {"agent": "helper", "bound": BACKLOG_PER_AGENT, "job": "intake-in-flight"}
-            other.execute(_dialect("postgres")["backlog_admit"], params)
+            other.execute("SELECT dispatch_intake_backlog(%(agent)s, %(bound)s, %(job)s)", params)
             with gw.client() as c:
                 r = post_tg(c, tg_update(4242))
             assert other.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS  # still open

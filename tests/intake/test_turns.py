@@ -48,7 +48,7 @@ def test_reply_once_with_idempotency_key_and_loop_guard(rig: Rig) -> None:
     assert path == "/chat.postMessage" and key == f"intake-reply:{job}:0" and body["text"] == "re: hello"
     assert (rig.receipt(mine)["state"], rig.receipt(mine)["reason"]) == ("ignored", "self_authored")
     assert rig.receipt(channel)["reason"] == "not_engaged"
-    roles = rig.ist.read("history_recent", installation_id=rig.inst["id"], conversation="D1", limit=10)
+    roles = rig.ist.history(rig.inst["id"], "D1", 10)
     assert {r["role"] for r in roles} == {"user", "self", "agent"}
 
 
@@ -99,8 +99,8 @@ def test_follow_up_of_the_same_requester_is_steered_into_the_run(rig: Rig) -> No
 
 def test_stale_trigger_is_retired_not_deleted(rig: Rig) -> None:
     job = rig.dm("old news")
-    with rig.ist.tx() as sql:
-        sql.tx.c.execute("UPDATE intake_receipts SET received_at = received_at - 301 WHERE id = ?", (job,))
+    with rig.sql() as c:
+        c.execute("UPDATE intake_receipts SET received_at = received_at - 301 WHERE id = ?", (job,))
     run(rig, job)
     assert (rig.receipt(job)["state"], rig.receipt(job)["reason"]) == ("stale", "stale")
     item = rig.h.store.get(job, None)
@@ -153,13 +153,13 @@ def test_capacity_bounds(tmp_path: Path, per_agent: int, per_install: int, bound
 def test_scrub_keeps_the_identity_and_catches_a_late_duplicate(rig: Rig) -> None:
     job = rig.dm("remember me")
     run(rig, job)
-    with rig.ist.tx() as sql:
-        sql.tx.c.execute("UPDATE intake_receipts SET received_at = received_at - 8 * 86400 WHERE id = ?", (job,))
-    assert rig.ist.scrub() == 1
+    with rig.sql() as c:
+        c.execute("UPDATE intake_receipts SET received_at = received_at - 8 * 86400 WHERE id = ?", (job,))
+    assert rig.ist.scrub(7 * 86400.0) == 1
     row = rig.receipt(job)
     assert row["envelope"] is None and row["raw"] is None and row["source_id"] and row["state"] == "replied"
     late = Incoming("slack", row["source_id"], b"late copy", ok(), rig.inst, state="accepted")
-    admit(rig.ist, late, max_depth=1000, max_attempts=5, rejected=ok(), abandoned=threading.Event())
+    admit(rig.ist, rig.h.dispatcher(), late, abandoned=threading.Event())
     assert len(rig.h.store.list_jobs(tenant=None, status=None, limit=100, offset=0)) == 1
     assert rig.receipt(job)["mismatches"] == 1
 
@@ -183,8 +183,8 @@ def test_a_redelivered_turn_never_replies_twice(rig: Rig, monkeypatch: pytest.Mo
 
 def test_reacquisitions_per_phase_are_bounded(rig: Rig) -> None:
     job = rig.dm("again and again")
-    with rig.ist.tx() as sql:
-        sql.tx.c.execute("UPDATE intake_receipts SET intake_attempts = 4 WHERE id = ?", (job,))
+    with rig.sql() as c:
+        c.execute("UPDATE intake_receipts SET intake_attempts = 4 WHERE id = ?", (job,))
     run(rig, job)
     assert rig.receipt(job)["reason"] == "intake_reacquisitions_exhausted"
     assert rig.h.store.get(job, None).status is Status.FAILED

@@ -4,6 +4,7 @@ worker, and a local recording server standing in for the provider APIs."""
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -12,14 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentdispatch.factory import open_intake_store
 from agentdispatch.handlers import Registry
 from agentdispatch.intake import admin
 from agentdispatch.intake.admit import Incoming, admit, job_id_of
 from agentdispatch.intake.answers import ok
+from agentdispatch.intake.base import IntakeStore
 from agentdispatch.intake.envelope import IntakeEnvelope
 from agentdispatch.intake.handler import build_handler
 from agentdispatch.intake.processor import Context, Respond
-from agentdispatch.intake.store import IntakeStore
 from backends import Harness
 from intake.fakeapi import OK, Answer, body_of, serve
 
@@ -64,9 +66,19 @@ class Rig:
             thread=f"{self.seq}.0", **kw,
         )  # fmt: skip
         inc = Incoming("slack", env.source_id, env.to_json().encode(), ok(), self.inst, envelope=env)
-        answer = admit(self.ist, inc, max_depth=1000, max_attempts=5, rejected=ok(), abandoned=threading.Event())
+        answer = admit(self.ist, self.h.dispatcher(), inc, abandoned=threading.Event())
         assert answer.status == 200
         return job_id_of("slack", env.source_id)
+
+    @contextmanager
+    def sql(self) -> Iterator[sqlite3.Connection]:
+        """A transaction on the rig's SQLite file, for test set-up."""
+        conn = sqlite3.connect(self.h.settings.sqlite_path, timeout=30)
+        try:
+            with conn:
+                yield conn
+        finally:
+            conn.close()
 
     def receipt(self, job_id: str) -> dict[str, Any]:
         row = self.ist.receipt(job_id)
@@ -89,13 +101,14 @@ class Rig:
 def make_rig(h: Harness, rec: Recorder, tmp: Path) -> Rig:
     creds = tmp / "creds.json"
     creds.write_text(json.dumps({"signing_secret": "s", "bot_token": "xoxb-test"}))
-    ist = IntakeStore(h.store)
+    ist = open_intake_store(h.store)
     ref = f"file:{creds}"
     inst_id = admin.install(ist, connector="slack", external_id="A:T", route_key="A", tenant="acme",
                             master_key=None, reference=ref, bot_user_id="U0BOT", api_base=rec.url)  # fmt: skip
     admin.set_agent(ist, "helper", enabled=True)
     admin.set_route(ist, inst_id, "*", "helper")
-    inst = ist.read("inst_get", id=inst_id)[0]
+    inst = ist.installation(inst_id)
+    assert inst is not None
     return Rig(h, ist, inst, rec)
 
 

@@ -84,9 +84,8 @@ def test_no_backend_imports_another() -> None:
 #: Modules outside the backends that may import one: the factory (every
 #: backend) and ``agentdispatch.testing`` (the in-memory one).
 BACKEND_IMPORTERS = {"factory", "testing"}
-#: Known reaches past the seams into one backend: intake's PostgreSQL request
-#: path, until intake has a seam of its own (issue 22).
-KNOWN_REACHES = {("intake.admit", "backends.postgres.tx")}
+#: Known reaches past the seams into one backend: none.
+KNOWN_REACHES: set[tuple[str, str]] = set()
 
 
 def test_only_the_factory_imports_backends() -> None:

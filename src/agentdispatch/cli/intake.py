@@ -12,7 +12,7 @@ from . import emit
 from .app import App
 
 if TYPE_CHECKING:
-    from ..intake.store import IntakeStore
+    from ..intake.base import IntakeStore
 
 _SPEC = {
     # connector: (external id options, route key option)
@@ -23,9 +23,9 @@ _SPEC = {
 
 
 def _istore(obj: App) -> IntakeStore:
-    from ..intake.store import IntakeStore
+    from ..factory import open_intake_store
 
-    return IntakeStore(obj.store)
+    return open_intake_store(obj.store)
 
 
 def register(main: click.Group) -> None:

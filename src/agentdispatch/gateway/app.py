@@ -78,9 +78,11 @@ def create_app(services: Services) -> FastAPI:
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Intake retention runs beside the webhooks that fill it.
         cfg = services.settings
+        from ..factory import open_intake_store
         from ..intake.janitor import Scrubber
 
-        scrubber = Scrubber(services.store, every_s=cfg.intake_scrub_every_s, retention_s=cfg.intake_scrub_age_s)
+        istore = open_intake_store(services.store)
+        scrubber = Scrubber(istore, every_s=cfg.intake_scrub_every_s, retention_s=cfg.intake_scrub_age_s)
         scrubber.start()
         # Gateways fire periodic schedules too (workers do beside their reconciler).
         firer = Firer(services.dispatcher).start()

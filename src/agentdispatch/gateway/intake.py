@@ -20,14 +20,15 @@ from typing import Any, TypeVar
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 
+from ..factory import open_intake_store
 from ..intake import slack, telegram, twilio
 from ..intake.admin import MAX_MESSAGES, messages
 from ..intake.admit import Abandoned, BacklogFull, Incoming, admit, answer_of
 from ..intake.answers import Answer, ok, twiml
+from ..intake.base import IntakeStore
 from ..intake.body import BodyRejected, read_capped
 from ..intake.credentials import CredentialError, open_credentials
 from ..intake.envelope import Rejection
-from ..intake.store import IntakeStore
 from .auth import authenticate
 from .errors import RETRY_AFTER_S, ApiError, error_body, is_outage
 from .services import Services
@@ -70,15 +71,12 @@ class Intake:
 
     def __init__(self, services: Services) -> None:
         self.services = services
+        self.istore: IntakeStore = open_intake_store(services.store)
         # Store calls leave the event loop; a slow one is abandoned, not awaited.
         self.pool = ThreadPoolExecutor(max_workers=STORE_THREADS, thread_name_prefix="intake")
         self._insts: dict[tuple[str, str], tuple[float, list[dict[str, Any]]]] = {}
         self._inst_reads: dict[tuple[str, str], asyncio.Future[list[dict[str, Any]]]] = {}
         self._secrets: dict[tuple[str, str], dict[str, Any]] = {}
-
-    @property
-    def istore(self) -> IntakeStore:
-        return IntakeStore(self.services.store)
 
     def secrets(self, inst: dict[str, Any]) -> dict[str, Any]:
         cached = self._secrets.get((inst["id"], inst["credentials"]))
@@ -133,25 +131,19 @@ class Intake:
 
     async def _read_installations(self, key: tuple[str, str]) -> list[dict[str, Any]]:
         connector, route_key = key
-        rows = await self.db(lambda _: self.istore.read("inst_by_route", connector=connector, route_key=route_key))
+        rows = await self.db(lambda _: self.istore.installations(connector, route_key))
         if len(self._insts) > 10_000:
             self._insts.clear()
         self._insts[key] = (time.monotonic() + CACHE_S, rows)
         return rows
 
-    async def record(self, inc: Incoming, rejected: Answer) -> Answer:
+    async def record(self, inc: Incoming) -> Answer:
         s = self.services.settings
         deadline = time.monotonic() + s.intake_commit_timeout_s
         try:
             return await self.db(
                 lambda abandoned: admit(
-                    self.istore,
-                    inc,
-                    max_depth=s.max_depth,
-                    max_attempts=s.max_attempts,
-                    rejected=rejected,
-                    abandoned=abandoned,
-                    deadline=deadline,
+                    self.istore, self.services.dispatcher, inc, abandoned=abandoned, deadline=deadline
                 )
             )
         except BacklogFull:
@@ -220,7 +212,7 @@ def build_router(services: Services) -> APIRouter:
                 inc = _incoming("slack", got, body, ok(), rejected, inst, app_id)
         inc = Incoming(**{**inc.__dict__, "retry_num": retry, "retry_reason": reason_hdr})
         try:
-            return _send(await intake.record(inc, rejected))
+            return _send(await intake.record(inc))
         except Unavailable as exc:
             return _unavailable(reason=exc.reason)
 
@@ -245,7 +237,7 @@ def build_router(services: Services) -> APIRouter:
             got = telegram.normalise(doc, bot_id, inst["id"], str(inst["bot_user_id"]))
             inc = _incoming("telegram", got, body, ok(), ok(), inst, bot_id)
         try:
-            return _send(await intake.record(inc, ok()))
+            return _send(await intake.record(inc))
         except Unavailable as exc:
             return _unavailable(reason=exc.reason)
 
@@ -276,7 +268,7 @@ def build_router(services: Services) -> APIRouter:
         body, inst, params = got
         inc = _incoming("twilio", twilio.sms(params, inst["id"]), body, twiml(), twiml(), inst, account)
         try:
-            return _send(await intake.record(inc, twiml()))
+            return _send(await intake.record(inc))
         except Unavailable as exc:
             return _unavailable(reason=exc.reason)
 
@@ -297,7 +289,7 @@ def build_router(services: Services) -> APIRouter:
         else:
             inc = _incoming("twilio", norm, body, twilio.hold(base, call, step, 1), twilio.apology(), inst, account)
         try:
-            return _send(await intake.record(inc, twilio.apology()))
+            return _send(await intake.record(inc))
         except Unavailable:
             return _unavailable(twilio.apology("Sorry, please call again in a minute."))
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
+from typing import Any, Literal
 
+from .base import IntakeStore
 from .credentials import FILE_REF, seal
-from .store import IntakeStore
 
 CONNECTORS = ("slack", "telegram", "twilio")
 DEFAULT_API = {
@@ -17,6 +17,13 @@ DEFAULT_API = {
 }
 #: Which credentials each connector needs.
 NEEDS = {"slack": ("signing_secret", "bot_token"), "telegram": ("secret_token", "bot_token"), "twilio": ("auth_token",)}
+#: What :func:`listing` lists.
+LISTINGS: tuple[Literal["installations", "agents", "routes", "receipts"], ...] = (
+    "installations",
+    "agents",
+    "routes",
+    "receipts",
+)
 _SAFE = re.compile(r"^[A-Za-z0-9_.:+@-]{1,200}$")
 
 
@@ -55,50 +62,45 @@ def install(
         if missing:
             raise ValueError(f"missing credentials: {', '.join(missing)}")
         stored = seal(master_key, inst_id, dict(secrets or {}))
-    with istore.tx() as sql:
-        sql.run(
-            "inst_upsert",
-            id=inst_id,
-            connector=connector,
-            external_id=external_id,
-            route_key=route_key,
-            tenant=tenant,
-            credentials=stored,
-            bot_user_id=bot_user_id,
-            api_base=(api_base or DEFAULT_API[connector]).rstrip("/"),
-            public_url=public_url.rstrip("/"),
-            now=sql.now(),
-        )
+    istore.install(
+        {
+            "id": inst_id,
+            "connector": connector,
+            "external_id": external_id,
+            "route_key": route_key,
+            "tenant": tenant,
+            "credentials": stored,
+            "bot_user_id": bot_user_id,
+            "api_base": (api_base or DEFAULT_API[connector]).rstrip("/"),
+            "public_url": public_url.rstrip("/"),
+        }
+    )
     return inst_id
 
 
 def set_installation_status(istore: IntakeStore, inst_id: str, status: str) -> bool:
     """Stop or restart an installation; False when unknown."""
-    with istore.tx() as sql:
-        return sql.run("inst_set_status", id=inst_id, status=status, now=sql.now()) == 1
+    return istore.set_installation_status(inst_id, status)
 
 
 def set_agent(istore: IntakeStore, name: str, *, enabled: bool) -> None:
     """Create an agent or change whether it is enabled."""
     if not _SAFE.match(name):
         raise ValueError("agent names: 1-200 of A-Z a-z 0-9 _ . : + @ -")
-    with istore.tx() as sql:
-        sql.run("agent_upsert", name=name, enabled=1 if enabled else 0, now=sql.now())
+    istore.set_agent(name, enabled=enabled)
 
 
 def set_route(istore: IntakeStore, inst_id: str, channel: str, agent: str | None) -> None:
     """Route a channel (``*``: every channel) of an installation to an agent; None removes it."""
-    with istore.tx() as sql:
-        if agent is None:
-            sql.run("route_delete", installation_id=inst_id, channel=channel)
-        else:
-            sql.run("route_set", installation_id=inst_id, channel=channel, agent=agent, now=sql.now())
+    istore.set_route(inst_id, channel, agent)
 
 
 def listing(istore: IntakeStore, what: str) -> list[dict[str, Any]]:
     """``installations``, ``agents``, ``routes`` or ``receipts`` (states), content-free."""
-    name = {"installations": "inst_list", "agents": "agent_list", "routes": "route_list", "receipts": "receipt_states"}
-    return istore.read(name[what])
+    for known in LISTINGS:
+        if what == known:
+            return istore.listing(known)
+    raise ValueError(f"what must be one of {', '.join(LISTINGS)}")
 
 
 #: Messages a conversation read returns at most.
@@ -113,9 +115,8 @@ def messages(
     unknown or belongs to another tenant (``tenant`` None: the operator)."""
     if not 1 <= limit <= MAX_MESSAGES:
         raise ValueError(f"limit must be 1-{MAX_MESSAGES}")
-    with istore.tx(durable=False) as sql:
-        inst = sql.one("inst_get", id=inst_id)
-        if inst is None or (tenant is not None and inst["tenant"] != tenant):
-            return None
-        rows = sql.all("history_recent", installation_id=inst_id, conversation=conversation, limit=limit)
+    inst = istore.installation(inst_id)
+    if inst is None or (tenant is not None and inst["tenant"] != tenant):
+        return None
+    rows = istore.history(inst_id, conversation, limit)
     return [{"role": r["role"], "sender": r["sender"], "text": r["text"], "at": float(r["at"])} for r in reversed(rows)]

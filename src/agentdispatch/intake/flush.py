@@ -1,6 +1,6 @@
 """One WAL flush shared by the concurrent intakes of a process (PostgreSQL).
 
-An intake commits asynchronously (see ``015_intake_admit.sql``) and answers
+An intake commits asynchronously (``dispatch_intake_admit``) and answers
 only after :meth:`GroupFlush.wait` returns: once a flush that *began after*
 its commit has finished, its commit record is on disk (WAL is flushed in
 order). One flush runs at a time; every caller that arrives while it runs

@@ -4,16 +4,17 @@ re-resolve the route, take a capacity slot, respond, reply once."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import NonRetryableError, Retired
+from ..factory import open_intake_store
 from ..handlers import Handler, Turn
 from ..settings import Settings, load_settings
 from . import outbound
 from . import processor as p
+from .base import IntakeStore
 from .credentials import open_credentials
 from .envelope import IntakeEnvelope
-from .store import IntakeStore
 
 if TYPE_CHECKING:
     from ..lease import LeaseGuard
@@ -50,7 +51,7 @@ def build_handler(
 
     def handle(turn: Turn, guard: LeaseGuard) -> Any:
         cfg = settings or load_settings()
-        return _turn(IntakeStore(guard.store), turn, guard, cfg, respond, engage)
+        return _turn(open_intake_store(guard.store), turn, guard, cfg, respond, engage)
 
     return handle
 
@@ -70,10 +71,10 @@ def _turn(
     if rec["state"] not in ("accepted", "running"):  # settled earlier (steered, or a redelivery)
         _settled_again(rec)
         return {"disposition": rec["state"], "reason": rec["reason"]}
-    phase = "turn" if rec["captured"] else "intake"
-    if p.bump(ist, rid, phase) > p.MAX_PHASE_ACQUISITIONS:
+    phase: Literal["intake", "turn"] = "turn" if rec["captured"] else "intake"
+    if ist.bump(rid, phase) > p.MAX_PHASE_ACQUISITIONS:
         why = f"{phase}_reacquisitions_exhausted"
-        p.finish(ist, rid, "failed", why)
+        ist.finish(rid, "failed", why)
         raise NonRetryableError(f"intake {phase} phase reacquired too often", reason=why)
     env = IntakeEnvelope.from_json(rec["envelope"])
     if not rec["captured"]:
@@ -81,28 +82,28 @@ def _turn(
         if collapsed or not engaged:
             state = "collapsed" if collapsed else "ignored"
             reason = "self_authored" if env.self_authored else ("same_message" if collapsed else "not_engaged")
-            p.finish(ist, rid, state, reason)
+            ist.finish(rid, state, reason)
             return {"disposition": state, "reason": reason}
     elif not rec["engaged"]:
-        p.finish(ist, rid, "ignored", "not_engaged")
+        ist.finish(rid, "ignored", "not_engaged")
         return {"disposition": "ignored"}
     if p.age(ist, rec) > cfg.intake_stale_s:
         # Retired visibly: the WorkItem ends cancelled with reason stale, like an expired deadline.
-        p.finish(ist, rid, "stale", "stale")
+        ist.finish(rid, "stale", "stale")
         raise Retired(f"trigger older than {cfg.intake_stale_s:g} s since receipt", reason="stale")
     newer = p.newer_trigger(ist, rec, engage)
     if newer is not None:
-        p.finish(ist, rid, "coalesced", f"coalesced_into:{newer}")
+        ist.finish(rid, "coalesced", f"coalesced_into:{newer}")
         return {"disposition": "coalesced", "into": newer}
     rejection = p.route_rejection(ist, rec, env)
     if rejection is not None:
-        p.finish(ist, rid, "rejected", rejection)
+        ist.finish(rid, "rejected", rejection)
         raise NonRetryableError(f"route rejected: {rejection}", reason=rejection)
     _wait_for_slot(ist, rec, guard, cfg)
     try:
         return _respond(ist, rec, env, turn, guard, cfg, respond)
     finally:
-        p.release_slot(ist, str(rec["job_id"]))
+        ist.release_slot(str(rec["job_id"]))
 
 
 def _settled_again(rec: dict[str, Any]) -> None:
@@ -116,8 +117,8 @@ def _settled_again(rec: dict[str, Any]) -> None:
 
 def _wait_for_slot(ist: IntakeStore, rec: dict[str, Any], guard: LeaseGuard, cfg: Settings) -> None:
     budget = time.monotonic() + max(1.0, cfg.claim_ttl_s / 2)
-    while not p.take_slot(
-        ist, rec, per_agent=cfg.mesh_max_turns_per_agent, per_installation=cfg.mesh_max_turns, ttl_s=cfg.claim_ttl_s
+    while not ist.take_slot(
+        rec, per_agent=cfg.mesh_max_turns_per_agent, per_installation=cfg.mesh_max_turns, ttl_s=cfg.claim_ttl_s
     ):
         guard.check()
         if time.monotonic() > budget:
@@ -134,14 +135,14 @@ def _respond(
     cfg: Settings,
     respond: p.Respond,
 ) -> dict[str, Any]:
-    inst = p.installation(ist, str(rec["installation_id"]))
+    inst = ist.installation(str(rec["installation_id"]))
     if inst is None:
         raise NonRetryableError("installation vanished", reason="installation_vanished")
     row: dict[str, Any] = inst
     master = cfg.intake_key.get_secret_value() if cfg.intake_key else None
     ctx = p.Context(envelope=env, agent=str(rec["agent"]), history=p.history(ist, env))
     if rec["state"] == "running":  # a redelivery: what an earlier attempt steered is still ours
-        ctx.steered.extend(p.steered_into(ist, rec))
+        ctx.steered.extend(ist.steered_into(rec))
     ctx.steered.extend(p.steer(ist, rec))
     reply, sent = respond(ctx), []
     while True:
@@ -168,5 +169,5 @@ def _respond(
         ctx.steered.extend(more)
         ctx.history = p.history(ist, env)
         reply = respond(ctx)
-    p.finish(ist, str(rec["id"]), "replied")
+    ist.finish(str(rec["id"]), "replied")
     return {"disposition": "replied", "sent": sent[0], "replies": len(sent), "steered": len(ctx.steered)}

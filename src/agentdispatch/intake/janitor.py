@@ -9,8 +9,7 @@ import logging
 import threading
 
 from ..errors import AgentDispatchError
-from ..stores.base import Store
-from .store import IntakeStore
+from .base import IntakeStore
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +22,8 @@ EVERY_S = 3600.0
 class Scrubber:
     """A daemon thread that scrubs expired intake bodies every ``every_s``."""
 
-    def __init__(self, store: Store, *, every_s: float = EVERY_S, retention_s: float = RETENTION_S) -> None:
-        self.istore = IntakeStore(store)
+    def __init__(self, istore: IntakeStore, *, every_s: float = EVERY_S, retention_s: float = RETENTION_S) -> None:
+        self.istore = istore
         self.every_s = every_s
         self.retention_s = retention_s
         self._stop = threading.Event()

@@ -172,21 +172,33 @@ class PostgresStore:
             if accepted is not None:
                 return accepted
 
-        def op(tx: PostgresTx) -> list[Accepted]:
-            # Admission first: submitters of the same job id see each other.
-            tx.read_submit([j.job_id for j in jobs], len(jobs), max_depth)
-            bulk = len(jobs) >= 2 * BULK_CHUNK
-            with tx.streaming(BULK_CHUNK) if bulk else nullcontext():
-                accepted = engine.submit(tx, jobs, max_depth)
-            if not any(j.timeout_s is not None for j in jobs):
-                return accepted
-            accepted, pairs = engine.with_timeouts(jobs, accepted)
-            if pairs:
-                tx.flush()
-                tx.c.execute(Q["set_timeouts"], {"ids": [p[0] for p in pairs], "seconds": [p[1] for p in pairs]})
-            return accepted
+        return self._run(lambda tx: self.submit_in(tx, jobs, max_depth=max_depth), durable=True)
 
-        return self._run(op, durable=True)
+    def submit_in(self, tx: PostgresTx, jobs: Sequence[NewJob], *, max_depth: int) -> list[Accepted]:
+        """:meth:`submit` (its general path) inside an open transaction of
+        this store (durable intake writes the receipt in the same one)."""
+        # Admission first: submitters of the same job id see each other.
+        tx.read_submit([j.job_id for j in jobs], len(jobs), max_depth)
+        bulk = len(jobs) >= 2 * BULK_CHUNK
+        with tx.streaming(BULK_CHUNK) if bulk else nullcontext():
+            accepted = engine.submit(tx, jobs, max_depth)
+        if not any(j.timeout_s is not None for j in jobs):
+            return accepted
+        accepted, pairs = engine.with_timeouts(jobs, accepted)
+        if pairs:
+            tx.flush()
+            tx.c.execute(Q["set_timeouts"], {"ids": [p[0] for p in pairs], "seconds": [p[1] for p in pairs]})
+        return accepted
+
+    def plan_new(self, conn: Conn, jobs: Sequence[NewJob], max_depth: int) -> tuple[list[Accepted], dict[str, Any]]:
+        """A submission of new items planned without a read (as
+        :meth:`_submit_new` plans it, on this host's clock): the items, and
+        ``dispatch_submit_new``'s arguments for a statement that calls it
+        inside a larger one (durable intake's ``dispatch_intake_admit``)."""
+        tx = PostgresTx(conn, self._key())
+        tx.plan_new([j.job_id for j in jobs], time.time())
+        accepted = engine.submit(tx, jobs, max_depth)
+        return accepted, tx.planned_rows(max_depth)
 
     def _submit_new(self, jobs: Sequence[NewJob], max_depth: int) -> list[Accepted] | None:
         """A small submission without dependencies (the usual API call) in one

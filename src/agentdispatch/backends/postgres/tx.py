@@ -259,6 +259,13 @@ class PostgresTx:
     def write_new(self, max_depth: int) -> dict[str, Any]:
         """The rows planned after :meth:`plan_new`, in one statement
         (``dispatch_submit_new``); its answer says whether they were written."""
+        row = self.c.execute(Q["submit_new"], self.planned_rows(max_depth)).fetchone()
+        assert row is not None
+        return row
+
+    def planned_rows(self, max_depth: int) -> dict[str, Any]:
+        """The rows planned after :meth:`plan_new`, as the arguments of
+        ``dispatch_submit_new`` (taken: the buffers are emptied)."""
         assert not self._saves and self._now is not None
         params = {
             "max": max_depth,
@@ -270,9 +277,7 @@ class PostgresTx:
         self._inserts.clear()
         self._events.clear()
         self._enqueues.clear()
-        row = self.c.execute(Q["submit_new"], params).fetchone()
-        assert row is not None
-        return row
+        return params
 
     def reserve_seqs(self, n: int) -> None:
         """Allocate ``n`` item sequence numbers in one round trip."""

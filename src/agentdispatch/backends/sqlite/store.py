@@ -304,16 +304,21 @@ class SqliteStore:
     # -- lifecycle ----------------------------------------------------------
     def submit(self, jobs: Sequence[NewJob], *, max_depth: int) -> list[Accepted]:
         with self._tx(durable=True) as tx:
-            tx.prefetch([j.job_id for j in jobs])
-            tx.buffer()
-            accepted = engine.submit(tx, jobs, max_depth)
-            tx.flush()
-            if not any(j.timeout_s is not None for j in jobs):
-                return accepted
-            accepted, pairs = engine.with_timeouts(jobs, accepted)
-            if pairs:
-                tx.c.execute(Q["set_timeouts"], (json.dumps(pairs),))
+            return self.submit_in(tx, jobs, max_depth=max_depth)
+
+    def submit_in(self, tx: SqliteTx, jobs: Sequence[NewJob], *, max_depth: int) -> list[Accepted]:
+        """:meth:`submit` inside an open transaction of this store (durable
+        intake writes the receipt of the submission in the same one)."""
+        tx.prefetch([j.job_id for j in jobs])
+        tx.buffer()
+        accepted = engine.submit(tx, jobs, max_depth)
+        tx.flush()
+        if not any(j.timeout_s is not None for j in jobs):
             return accepted
+        accepted, pairs = engine.with_timeouts(jobs, accepted)
+        if pairs:
+            tx.c.execute(Q["set_timeouts"], (json.dumps(pairs),))
+        return accepted
 
     def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float, read: object = None) -> Claim:
         with self._tx() as tx:

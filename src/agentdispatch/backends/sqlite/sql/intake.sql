@@ -1,11 +1,8 @@
--- Durable intake queries, written once with :name parameters (PostgreSQL gets
--- them rewritten to %(name)s by store.py). Tables: backends/*/sql/schema.sql.
+-- Durable intake on SQLite: the queries of backends/sqlite/intake.py.
+-- Tables: schema.sql. Every write runs under the file's one write lock.
 
 -- name: inst_by_route
 SELECT * FROM intake_installations WHERE connector = :connector AND route_key = :route_key ORDER BY id
-
--- name: inst_by_external
-SELECT * FROM intake_installations WHERE connector = :connector AND external_id = :external_id
 
 -- name: inst_get
 SELECT * FROM intake_installations WHERE id = :id
@@ -59,15 +56,16 @@ SELECT * FROM intake_receipts WHERE connector = :connector AND source_id = :sour
 SELECT * FROM intake_receipts WHERE id = :id
 
 -- name: receipt_insert
+-- The envelope is stamped with the receipt time (the database clock).
 INSERT INTO intake_receipts
     (id, connector, source_id, installation_id, tenant, state, reason, job_id, agent, conversation, sender,
      message_key, body_sha256, body_size, envelope, raw, answer_status, answer_type, answer_body, retry_num,
      retry_reason, received_at)
 VALUES (:id, :connector, :source_id, :installation_id, :tenant, :state, :reason, :job_id, :agent, :conversation,
-        :sender, :message_key, :body_sha256, :body_size, :envelope, :raw, :answer_status, :answer_type,
-        :answer_body, :retry_num, :retry_reason, :now)
+        :sender, :message_key, :body_sha256, :body_size, json_set(:envelope, '$.received_at', :now), :raw,
+        :answer_status, :answer_type, :answer_body, :retry_num, :retry_reason, :now)
 -- No conflict target: the id is derived from (connector, source_id), so a
--- concurrent copy may collide on either unique index first.
+-- copy may collide on either unique index.
 ON CONFLICT DO NOTHING
 RETURNING id
 
@@ -78,6 +76,7 @@ INSERT INTO intake_mismatches (receipt_id, body_sha256, at) VALUES (:receipt_id,
 UPDATE intake_receipts SET mismatches = mismatches + 1 WHERE id = :receipt_id
 
 -- name: backlog
+-- The agent's open intake turns (the write lock makes the count exact).
 SELECT count(*) AS n FROM work_items
 WHERE agent_name = :agent AND kind = 'intake_turn' AND status IN ('submitted', 'ready', 'leased', 'running')
 
@@ -152,12 +151,3 @@ WHERE scrubbed_at IS NULL AND received_at < :cutoff
 
 -- name: receipt_states
 SELECT state, count(*) AS n FROM intake_receipts GROUP BY state ORDER BY state
-
--- name: backlog_admit
--- PostgreSQL only: the backlog count to compare with the bound, exact under
--- concurrent intakes without a wait (dispatch_intake_backlog takes a slot for :job).
-SELECT dispatch_intake_backlog(:agent, :bound, :job) AS n
-
--- name: agent_lock
--- PostgreSQL only: serialise the backlog count of one agent.
-SELECT pg_advisory_xact_lock(hashtext(:key)) IS NULL AS locked

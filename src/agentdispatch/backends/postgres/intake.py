@@ -1,0 +1,336 @@
+"""Durable intake on PostgreSQL: the intake tables beside the WorkItems, each
+verb one transaction of the store (so a receipt and its WorkItem commit
+together). The request path is one statement (``dispatch_intake_admit``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import psycopg
+
+from ...intake.base import (
+    Abandoned,
+    Admission,
+    Admitted,
+    BacklogFull,
+    RouteState,
+    Row,
+    SteerChoice,
+    history_entry,
+)
+from ...intake.envelope import IntakeEnvelope
+from ...intake.flush import group_flush
+from ...sqlfiles import Queries
+from ...stores import engine
+from ...stores.base import Accepted
+from .db import Conn
+from .store import PostgresStore
+from .tx import PostgresTx
+
+Q = Queries("agentdispatch.backends.postgres.sql", "intake.sql")
+_LISTS = {"installations": "inst_list", "agents": "agent_list", "routes": "route_list", "receipts": "receipt_states"}
+#: Of the time left before the 503, what the request statement may take: the
+#: server cancels it (and nothing commits) before the gateway stops waiting.
+STATEMENT_SHARE = 0.8
+#: The statement's bound when the caller sets no deadline.
+NO_DEADLINE_MS = 60_000
+
+
+def _one(c: Conn, name: str, /, **params: Any) -> Row | None:
+    row = c.execute(Q[name], params).fetchone()
+    return None if row is None else dict(row)
+
+
+def _all(c: Conn, name: str, /, **params: Any) -> list[Row]:
+    return [dict(r) for r in c.execute(Q[name], params).fetchall()]
+
+
+def _run(c: Conn, name: str, /, **params: Any) -> int:
+    return int(c.execute(Q[name], params).rowcount)
+
+
+def _count(c: Conn, name: str, /, **params: Any) -> int:
+    row = _one(c, name, **params)
+    return 0 if row is None else int(row["n"])
+
+
+class PostgresIntakeStore:
+    """:class:`~agentdispatch.intake.base.IntakeStore` in the PostgreSQL store's database."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self.store = store
+
+    @contextmanager
+    def _tx(self, durable: bool = True) -> Iterator[PostgresTx]:
+        with self.store.transaction(durable=durable) as tx:
+            yield tx
+
+    def _read(self, name: str, /, **params: Any) -> list[Row]:
+        with self._tx(durable=False) as tx:
+            return _all(tx.c, name, **params)
+
+    def _first(self, name: str, /, **params: Any) -> Row | None:
+        rows = self._read(name, **params)
+        return rows[0] if rows else None
+
+    # -- the request path ------------------------------------------------------
+    def admit(self, a: Admission) -> Admitted:
+        admitted = self._admit_one(a)
+        if admitted is None:
+            admitted = self._admit_general(a)
+        return admitted
+
+    def _admit_one(self, a: Admission) -> Admitted | None:
+        """One round trip (``BEGIN``, the statement timeout,
+        ``dispatch_intake_admit``, ``COMMIT`` in one message), committed
+        asynchronously, then a WAL flush shared with concurrent intakes before
+        the answer. None: take the general path (the id is in use without a
+        receipt)."""
+        accepted: list[Accepted] = []
+
+        def run(conn: Conn) -> Row:
+            nonlocal accepted
+            rows: dict[str, Any] = {"max": a.max_depth, "at": 0.0, "items": "[]", "events": "[]", "queue": "[]"}
+            if a.job is not None:  # agent_name: the statement sets the route's
+                accepted, rows = self.store.plan_new(conn, [a.job], a.max_depth)
+            params = {
+                **rows,
+                "receipt": json.dumps(a.receipt),
+                "channel": a.channel,
+                "accept": a.job is not None,
+                "bound": a.backlog,
+            }
+            left_ms = NO_DEADLINE_MS
+            if a.deadline is not None:
+                left_ms = int((a.deadline - time.monotonic()) * 1000 * STATEMENT_SHARE)
+            if (a.abandoned is not None and a.abandoned.is_set()) or left_ms < 1:
+                raise Abandoned()
+            text = psycopg.ClientCursor(conn).mogrify(Q["admit"], params)
+            message = f"BEGIN; SET LOCAL statement_timeout = {left_ms}; {text}; COMMIT"
+            try:
+                cur = conn.execute(message.encode(), prepare=False)
+            except psycopg.errors.QueryCanceled:
+                conn.execute("ROLLBACK")
+                raise Abandoned() from None
+            row = None
+            while row is None:
+                if cur.description is not None:
+                    row = cur.fetchone()
+                elif not cur.nextset():
+                    break
+            assert row is not None
+            return dict(row)
+
+        # Idempotent: run again after a lost connection, it finds the receipt.
+        row = self.store.db.run(run, single=True, idempotent=True)
+        outcome = row["outcome"]
+        if outcome == "exists":
+            return None
+        if outcome == "backlog_full":
+            raise BacklogFull(row["agent"])
+        if outcome == "queue_full":
+            raise engine.queue_full(a.max_depth, a.max_depth)
+        # Accepted or a duplicate: answered once the receipt (ours, or the
+        # original's, perhaps committed a moment ago) is on disk.
+        group_flush(self.store.db, self.store.db.flush_wal).wait()
+        if outcome == "accepted":
+            agent = str(row["agent"])
+            return Admitted(
+                [dataclasses.replace(x, item=dataclasses.replace(x.item, agent_name=agent)) for x in accepted]
+            )
+        return Admitted([], row)
+
+    def _admit_general(self, a: Admission) -> Admitted:
+        # A commit that notifies (a new WorkItem wakes workers) holds a
+        # cluster-wide lock until it is flushed, so durable intakes took turns
+        # at the disk. Commit without waiting for the flush, then wait for it
+        # outside that lock.
+        with self._tx(durable=False) as tx:
+            admitted = self._admit_in(tx, a)
+        self.store.db.flush_wal()
+        return admitted
+
+    def _admit_in(self, tx: PostgresTx, a: Admission) -> Admitted:
+        c, now, r = tx.c, tx.now(), a.receipt
+        existing = _one(c, "receipt_by_source", connector=r["connector"], source_id=r["source_id"])
+        if existing is not None:
+            return Admitted([], _duplicate(c, existing, r["body_sha256"], now))
+        agent = ""
+        if a.channel is not None:
+            route = _one(c, "route_resolve", installation_id=r["installation_id"], channel=a.channel)
+            agent = "" if route is None else str(route["agent"])
+        if a.job is not None and _count(c, "backlog", agent=agent, bound=a.backlog, job=a.job.job_id) >= a.backlog:
+            raise BacklogFull(agent)
+        if _one(c, "receipt_insert", **r, agent=agent, now=now) is None:  # a concurrent copy committed first
+            existing = _one(c, "receipt_by_source", connector=r["connector"], source_id=r["source_id"])
+            assert existing is not None
+            return Admitted([], _duplicate(c, existing, r["body_sha256"], now))
+        accepted: list[Accepted] = []
+        if a.job is not None:
+            accepted = self.store.submit_in(tx, [dataclasses.replace(a.job, agent_name=agent)], max_depth=a.max_depth)
+        if a.abandoned is not None and a.abandoned.is_set():
+            raise Abandoned()
+        return Admitted(accepted)
+
+    def installations(self, connector: str, route_key: str) -> list[Row]:
+        return self._read("inst_by_route", connector=connector, route_key=route_key)
+
+    def receipt_by_source(self, connector: str, source_id: str) -> Row | None:
+        return self._first("receipt_by_source", connector=connector, source_id=source_id)
+
+    # -- administration --------------------------------------------------------
+    def install(self, row: Row) -> None:
+        with self._tx() as tx:
+            _run(tx.c, "inst_upsert", **row, now=tx.now())
+
+    def set_installation_status(self, inst_id: str, status: str) -> bool:
+        with self._tx() as tx:
+            return _run(tx.c, "inst_set_status", id=inst_id, status=status, now=tx.now()) == 1
+
+    def set_agent(self, name: str, *, enabled: bool) -> None:
+        with self._tx() as tx:
+            _run(tx.c, "agent_upsert", name=name, enabled=1 if enabled else 0, now=tx.now())
+
+    def set_route(self, inst_id: str, channel: str, agent: str | None) -> None:
+        with self._tx() as tx:
+            if agent is None:
+                _run(tx.c, "route_delete", installation_id=inst_id, channel=channel)
+            else:
+                _run(tx.c, "route_set", installation_id=inst_id, channel=channel, agent=agent, now=tx.now())
+
+    def listing(self, what: Literal["installations", "agents", "routes", "receipts"]) -> list[Row]:
+        return self._read(_LISTS[what])
+
+    def scrub(self, age_s: float) -> int:
+        with self._tx() as tx:
+            now = tx.now()
+            return _run(tx.c, "scrub", now=now, cutoff=now - age_s)
+
+    # -- the worker-side turn --------------------------------------------------
+    def now(self) -> float:
+        row = self._first("now")
+        assert row is not None
+        return float(row["now"])
+
+    def installation(self, inst_id: str) -> Row | None:
+        return self._first("inst_get", id=inst_id)
+
+    def receipt(self, receipt_id: str) -> Row | None:
+        return self._first("receipt_get", id=receipt_id)
+
+    def bump(self, receipt_id: str, phase: Literal["intake", "turn"]) -> int:
+        with self._tx() as tx:
+            n = _count(tx.c, f"bump_{phase}", id=receipt_id)
+            # Mirrored on the WorkItem (its id is the receipt's) for the operators' SQL.
+            _run(tx.c, f"mirror_{phase}", id=receipt_id, n=n)
+            return n
+
+    def capture(self, receipt_id: str, entry: Row, *, engage: bool) -> bool:
+        with self._tx() as tx:
+            collapsed = _run(tx.c, "history_insert", **entry, now=tx.now()) == 0
+            _run(tx.c, "mark_captured", id=receipt_id, engaged=1 if engage and not collapsed else 0)
+            return collapsed
+
+    def finish(self, receipt_id: str, state: str, reason: str | None = None) -> None:
+        with self._tx() as tx:
+            _run(tx.c, "finish", id=receipt_id, state=state, reason=reason, now=tx.now())
+
+    def newer_pending(self, receipt: Row) -> list[tuple[str, IntakeEnvelope]]:
+        with self._tx(durable=False) as tx:
+            return _pending(tx.c, receipt)
+
+    def steer(self, receipt: Row, choose: Callable[[IntakeEnvelope], SteerChoice]) -> list[IntakeEnvelope]:
+        taken: list[IntakeEnvelope] = []
+        with self._tx() as tx:
+            for rid, env in _pending(tx.c, receipt):
+                choice = choose(env)
+                if choice == "collapse":
+                    _run(tx.c, "finish", id=rid, state="collapsed", reason="same_message", now=tx.now())
+                elif choice == "steer" and _run(tx.c, "steer", id=rid, job_id=receipt["job_id"], now=tx.now()) == 1:
+                    _run(tx.c, "history_insert", **history_entry(env, rid, "user"), now=tx.now())
+                    taken.append(env)
+        return taken
+
+    def steered_into(self, receipt: Row) -> list[IntakeEnvelope]:
+        rows = self._read(
+            "steered_of",
+            installation_id=receipt["installation_id"],
+            conversation=receipt["conversation"],
+            job_id=receipt["job_id"],
+        )
+        return [IntakeEnvelope.from_json(r["envelope"]) for r in rows if r["envelope"]]
+
+    def route_state(self, inst_id: str, channel: str) -> RouteState:
+        with self._tx(durable=False) as tx:
+            inst = _one(tx.c, "inst_get", id=inst_id)
+            if inst is None:
+                return RouteState(None, None, False)
+            route = _one(tx.c, "route_resolve", installation_id=inst_id, channel=channel)
+            if route is None:
+                return RouteState(str(inst["status"]), None, False)
+            agent = _one(tx.c, "agent_get", name=route["agent"])
+            return RouteState(str(inst["status"]), str(route["agent"]), agent is not None and bool(agent["enabled"]))
+
+    def take_slot(self, receipt: Row, *, per_agent: int, per_installation: int, ttl_s: float) -> bool:
+        with self._tx() as tx:
+            c = tx.c
+            # One order for every process: the agent's lock, then the installation's.
+            _one(c, "lock", key=f"intake-run:{receipt['agent']}")
+            _one(c, "lock", key=f"intake-inst:{receipt['installation_id']}")
+            now = tx.now()
+            mine = {"job_id": receipt["job_id"], "now": now}
+            if _count(c, "runs_of_agent", agent=receipt["agent"], **mine) >= per_agent:
+                return False
+            if (
+                _count(c, "runs_of_installation", installation_id=receipt["installation_id"], **mine)
+                >= per_installation
+            ):
+                return False
+            _run(
+                c,
+                "run_upsert",
+                job_id=receipt["job_id"],
+                agent=receipt["agent"],
+                installation_id=receipt["installation_id"],
+                conversation=receipt["conversation"],
+                requester=receipt["sender"],
+                now=now,
+                expires_at=now + ttl_s,
+            )
+            _run(c, "set_running", id=receipt["id"])
+            return True
+
+    def release_slot(self, job_id: str) -> None:
+        with self._tx() as tx:
+            _run(tx.c, "run_release", job_id=job_id)
+
+    def record_reply(self, receipt_id: str, reply: str, entry: Row) -> None:
+        with self._tx() as tx:
+            _run(tx.c, "set_reply", id=receipt_id, reply=reply)
+            _run(tx.c, "history_insert", **entry, now=tx.now())
+
+    def history(self, inst_id: str, conversation: str, limit: int) -> list[Row]:
+        return self._read("history_recent", installation_id=inst_id, conversation=conversation, limit=limit)
+
+
+def _duplicate(c: Conn, row: Row, digest: str, now: float) -> Row:
+    if row["body_sha256"] != digest:
+        _run(c, "mismatch_insert", receipt_id=row["id"], body_sha256=digest, now=now)
+        _run(c, "mismatch_bump", receipt_id=row["id"])
+    return row
+
+
+def _pending(c: Conn, receipt: Row) -> list[tuple[str, IntakeEnvelope]]:
+    rows = _all(
+        c,
+        "newer_pending",
+        installation_id=receipt["installation_id"],
+        conversation=receipt["conversation"],
+        job_id=receipt["job_id"],
+    )
+    return [(str(r["id"]), IntakeEnvelope.from_json(r["envelope"])) for r in rows if r["envelope"]]
