@@ -240,12 +240,16 @@ class Dispatcher:
         """Accept a batch in one transaction (all or nothing). ``write``: the
         store write, when the caller records more in its transaction (durable
         intake: the receipt); it commits before it returns, and may accept
-        none of the jobs (a duplicate delivery)."""
+        none of the jobs (a duplicate delivery). Such a write admits on its
+        own, without the transport's bound: intake bounds each agent's backlog
+        and must record a delivery while the store answers, even with a broker
+        down (the reconciler publishes it later)."""
         jobs = [validate(s, max_attempts=self.settings.max_attempts, known_kinds=self.known_kinds) for s in subs]
         if not jobs:
             return []
         with tracing.span("submit", turns=len(jobs), kind=jobs[0].kind if len(jobs) == 1 else None) as s:
-            self.transport.admit(len(jobs), self.settings.max_depth)
+            if write is None:
+                self.transport.admit(len(jobs), self.settings.max_depth)
             accepted = (write or self.store.submit)(jobs, max_depth=self.settings.max_depth)
             if s is not None and len(accepted) == 1:
                 s.set_attribute("agentdispatch.job_id", accepted[0].item.id)

@@ -101,3 +101,18 @@ def test_on_kafka_the_turn_is_published_before_the_answer(tmp_path: Path, pg: bo
         assert got is not None and job_id_of("telegram", "7:4") in got.raw
     finally:
         h.close()
+
+
+def test_on_kafka_a_delivery_is_recorded_while_the_broker_is_down(tmp_path: Path) -> None:
+    # The provider retries a 503 only a few times: with the store up, intake
+    # records the delivery and leaves its publish to the reconciler.
+    h = kafka_harness(tmp_path)
+    try:
+        ist, inst = _installed(h, tmp_path)
+        h.cleanup[0]()  # the broker, killed
+        assert admit(ist, h.dispatcher(), _update(inst, 5), abandoned=threading.Event()).status == 200
+        job = job_id_of("telegram", "7:5")
+        assert h.store.get(job, None).kind == "intake_turn"
+        assert [r.envelope.job_id for r in h.store.outbox_take(10)] == [job]
+    finally:
+        h.close()
