@@ -102,3 +102,41 @@ def test_doctor_blames_an_unreachable_broker_on_the_transport_not_the_store(tmp_
         "FAIL transport: Kafka is unreachable: check KAFKA_BOOTSTRAP_SERVERS and that the broker is running"
     ]
     assert "OK   workers: 0 live" in lines
+
+
+def test_a_server_that_is_not_postgresql_is_named_as_such(tmp_path: Path) -> None:
+    """An HTTP server at STATE_DB_URI used to give a bare ``OperationalError``."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def answer_http() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(1024)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    threading.Thread(target=answer_http, daemon=True).start()
+    env = {
+        **os.environ,
+        "AGENT_DISPATCH_DATA_DIR": str(tmp_path),
+        "STATE_DB_URI": f"postgresql://u@127.0.0.1:{port}/db",
+    }
+    env.pop("TASK_QUEUE_BACKEND", None)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "agentdispatch", "jobs"], env=env, capture_output=True, text=True, timeout=120
+        )
+    finally:
+        listener.close()
+    out = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 69, out
+    assert out == (
+        "error: cannot connect to PostgreSQL at STATE_DB_URI: the server there does not speak the PostgreSQL protocol"
+    ), out

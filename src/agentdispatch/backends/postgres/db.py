@@ -156,6 +156,15 @@ _CAUSES = (
     ("translate host name", "host name not found"),
     ("timeout expired", "connection timed out"),
     ("timed out", "connection timed out"),
+    ("SSL negotiation", "the server there does not speak the PostgreSQL protocol"),
+    ("No route to host", "no route to host"),
+    ("Network is unreachable", "network unreachable"),
+    ("too many clients", "the server has no free connection slots"),
+    ("remaining connection slots", "the server has no free connection slots"),
+    ("starting up", "the server is starting up"),
+    ("shutting down", "the server is shutting down"),
+    ("recovery mode", "the server is in recovery"),
+    ("closed the connection", "the server closed the connection (is it PostgreSQL, and accepting connections?)"),
 )
 
 
