@@ -10,6 +10,7 @@ from .errors import TaskQueueUnavailable
 from .settings import Backend, Settings
 from .stores.base import Store
 from .transports.base import Transport
+from .transports.flow import Flow, Separate
 
 
 def _load(module: str, attr: str, extra: str) -> Any:
@@ -69,6 +70,22 @@ def open_transport(settings: Settings, store: Store) -> Transport:
         return cls(store)  # type: ignore[no-any-return]
     cls = _load("backends.kafka.transport", "KafkaTransport", "kafka")
     return cls(settings)  # type: ignore[no-any-return]
+
+
+#: Backends whose queue may live in the store's database (a module ``flow`` each).
+_ONE_DATABASE = {"sqlite": "sqlite", "memory": "memory"}
+
+
+def open_flow(store: Store, transport: Transport) -> Flow:
+    """The worker's batch verbs: each one transaction of the backend where the
+    queue lives in the store's database, else store and queue composed apart
+    (the store's transaction first)."""
+    database = _ONE_DATABASE.get(store.name)
+    if database is not None and transport.name == store.name:
+        flow: Flow | None = _load(f"backends.{database}.flow", "open_flow", database)(store, transport)
+        if flow is not None:
+            return flow
+    return Separate(store, transport)
 
 
 def open_backends(settings: Settings, *, migrate: bool | None = None) -> tuple[Store, Transport]:
