@@ -73,7 +73,7 @@ def open_transport(settings: Settings, store: Store) -> Transport:
 
 
 #: Backends whose queue may live in the store's database (a module ``flow`` each).
-_ONE_DATABASE = {"sqlite": "sqlite", "memory": "memory"}
+_ONE_DATABASE = {"sqlite": "sqlite", "postgres": "postgres", "memory": "memory"}
 
 
 def open_flow(store: Store, transport: Transport) -> Flow:

@@ -109,8 +109,9 @@ class Flow(Protocol):
         fenced one's is released), durable together; how each ended, in
         order. ``then``: claim up to that many next turns for ``owner`` in the
         same transaction, where the backend can (the batch says how many it
-        asked for: the caller claims the rest). A failure of those claims
-        never costs the commits: they are made again alone."""
+        asked for: the caller claims the rest unless it ran dry). A failure of
+        those claims never costs the commits: they are made again alone, and
+        the batch answers as if the queue ran dry."""
 
     def release(self, deliveries: Sequence[Delivery], leases: Sequence[Lease] = ()) -> None:
         """Give deliveries back (visible again now) and ``leases`` up (expired
@@ -287,6 +288,9 @@ class Shared:
                 return ends, batch
             except _ChainFailed as failed:
                 log.warning("claiming the next turns with a commit failed (%s); committing alone", failed.__cause__)
+                with self.sides.tx(True) as c:
+                    # As if the queue ran dry: the caller claims no more now.
+                    return self._finish_in(c, done), Batch(asked=ride)
         with self.sides.tx(True) as c:
             return self._finish_in(c, done), Batch()
 

@@ -90,13 +90,11 @@ class MemoryStore:
                     t.items[a.item.id] = a.item  # the item as stored, with its execution timeout
         return accepted
 
-    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float, read: object = None) -> Claim:
+    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
         out: Claim = self._run(engine.claim, job_id, tenant, owner, ttl_s)
         return out
 
-    def claim_many(
-        self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float, reads: Sequence[object] = ()
-    ) -> list[Claim]:
+    def claim_many(self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float) -> list[Claim]:
         with self.db.tx() as t:
             return self.claim_on(t, jobs, owner=owner, ttl_s=ttl_s)
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ...transports.base import Delivery, Receipt, ack_each, get_each
 from .db import MemoryDb, QueueRow, Tables
@@ -25,8 +24,6 @@ class MemoryTransport:
 
     name = "memory"
     redeliver_after_s = 1.0
-    shared_database = True
-    claims_with_commit = 1_000
 
     def __init__(self, db: MemoryDb) -> None:
         self.db = db
@@ -127,10 +124,6 @@ class MemoryTransport:
         row = self._owned(t, delivery)
         if row is not None:
             t.queue[row.id] = replace(row, visible_at=self.db.now() + delay_s, claimed_by=None, claimed_at=None)
-
-    def atomic(self, durable: bool) -> AbstractContextManager[Any]:
-        """Store and queue share one :class:`MemoryDb`: one transaction for both."""
-        return self.db.tx()
 
     def depth(self) -> int:
         now = self.db.now()

@@ -313,14 +313,12 @@ class SqliteStore:
                 tx.c.execute(Q["set_timeouts"], (json.dumps(pairs),))
             return accepted
 
-    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float, read: object = None) -> Claim:
+    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
         with self._tx() as tx:
             tx.read_item(job_id, session=True)
             return engine.claim(tx, job_id, tenant, owner, ttl_s)
 
-    def claim_many(
-        self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float, reads: Sequence[object] = ()
-    ) -> list[Claim]:
+    def claim_many(self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float) -> list[Claim]:
         # One write transaction for the batch (a queue elsewhere, Kafka, would
         # otherwise pay a transaction per claim).
         with self.db.tx() as c:

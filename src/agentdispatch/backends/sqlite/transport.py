@@ -7,8 +7,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ...errors import DepthUnavailable, TaskQueueUnavailable
 from ...sqlfiles import Queries
@@ -26,10 +25,6 @@ class SqliteTransport:
 
     name = "sqlite"
     redeliver_after_s = 1.0
-    shared_database = True
-    # One writer at a time: a claim riding in a commit's transaction holds no
-    # fairness mark back from other claimants (they wait for the write lock anyway).
-    claims_with_commit = 1_000
 
     def __init__(self, db: SqliteDb, *, poll_s: float = 0.05) -> None:
         self.db = db
@@ -79,10 +74,6 @@ class SqliteTransport:
     def release(self, delivery: Delivery, delay_s: float) -> None:
         with self.db.tx() as c:
             release_on(c, delivery, delay_s)
-
-    def atomic(self, durable: bool) -> AbstractContextManager[Any]:
-        """Store and queue share this file: one transaction for both."""
-        return self.db.atomic(durable)
 
     def depth(self) -> int:
         try:
