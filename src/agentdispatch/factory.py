@@ -73,16 +73,15 @@ def open_transport(settings: Settings, store: Store) -> Transport:
 
 
 #: Backends whose queue may live in the store's database (a module ``flow`` each).
-_ONE_DATABASE = {"sqlite": "sqlite", "postgres": "postgres", "memory": "memory"}
+_ONE_DATABASE = {"sqlite", "postgres", "memory"}
 
 
 def open_flow(store: Store, transport: Transport) -> Flow:
     """The worker's batch verbs: each one transaction of the backend where the
     queue lives in the store's database, else store and queue composed apart
     (the store's transaction first)."""
-    database = _ONE_DATABASE.get(store.name)
-    if database is not None and transport.name == store.name:
-        flow: Flow | None = _load(f"backends.{database}.flow", "open_flow", database)(store, transport)
+    if store.name in _ONE_DATABASE and transport.name == store.name:
+        flow: Flow | None = _load(f"backends.{store.name}.flow", "open_flow", store.name)(store, transport)
         if flow is not None:
             return flow
     return Separate(store, transport)

@@ -351,7 +351,9 @@ class Separate:
         return ends, Batch()
 
     def release(self, deliveries: Sequence[Delivery], leases: Sequence[Lease] = ()) -> None:
-        if leases:
-            self.store.renew_many(leases, 0.0)
-        for d in deliveries:
-            self.transport.release(d, 0.0)
+        try:
+            if leases:
+                self.store.renew_many(leases, 0.0)
+        finally:  # two systems: the deliveries go back even if the leases could not
+            for d in deliveries:
+                self.transport.release(d, 0.0)
