@@ -164,6 +164,8 @@ def drain_worker(
         builtins(),
         options=WorkerOptions(threads=threads, get_wait_s=0.2, reconcile=False, batch_max=batch_max),
     )
+    # The worker's batch verbs (each one transaction of store and queue).
+    timers.wrap(worker.flow, "flow", ["claim", "finish", "release"])
     cpu0, t0 = cpu_s(), time.perf_counter()
     worker.start()
     if stop is not None:

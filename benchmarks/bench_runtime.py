@@ -30,7 +30,7 @@ import psycopg
 
 from agentdispatch import Dispatcher, Registry, Status, Submission, Worker, WorkerOptions, load_settings, open_backends
 from agentdispatch.runtime import AsyncWorker, RuntimeOptions
-from agentdispatch.runtime.turn import TurnEnd
+from agentdispatch.transports.flow import TurnEnd
 
 BASE = os.environ.get("AGENTDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 

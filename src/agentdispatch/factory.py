@@ -11,6 +11,7 @@ from .intake.base import IntakeStore
 from .settings import Backend, Settings
 from .stores.base import Store
 from .transports.base import Transport
+from .transports.flow import Flow, Separate
 
 
 def _load(module: str, attr: str, extra: str) -> Any:
@@ -70,6 +71,21 @@ def open_transport(settings: Settings, store: Store) -> Transport:
         return cls(store)  # type: ignore[no-any-return]
     cls = _load("backends.kafka.transport", "KafkaTransport", "kafka")
     return cls(settings)  # type: ignore[no-any-return]
+
+
+#: Backends whose queue may live in the store's database (a module ``flow`` each).
+_ONE_DATABASE = {"sqlite", "postgres", "memory"}
+
+
+def open_flow(store: Store, transport: Transport) -> Flow:
+    """The worker's batch verbs: each one transaction of the backend where the
+    queue lives in the store's database, else store and queue composed apart
+    (the store's transaction first)."""
+    if store.name in _ONE_DATABASE and transport.name == store.name:
+        flow: Flow | None = _load(f"backends.{store.name}.flow", "open_flow", store.name)(store, transport)
+        if flow is not None:
+            return flow
+    return Separate(store, transport)
 
 
 def open_backends(settings: Settings, *, migrate: bool | None = None) -> tuple[Store, Transport]:

@@ -9,23 +9,11 @@ from dataclasses import dataclass, field
 from .envelope import Envelope
 from .stores.base import Claim
 from .transports.base import Delivery
-from .workitem import Lease, Outcome, Status
-
-#: The turns counter's label for where a commit left an item.
-LABELS = {Status.SUCCEEDED: "completed", Status.READY: "retried", Status.DEAD_LETTER: "dead_letter"}
+from .transports.flow import Finished
 
 #: A claimed turn: its envelope, the claim (item and lease), and when the
 #: claim was asked for (monotonic): a turn waiting in its lane is not renewed.
 Step = tuple[Envelope, Claim, float]
-
-
-@dataclass(frozen=True)
-class Finished:
-    """A turn whose handler finished, waiting for its fenced commit."""
-
-    delivery: Delivery
-    lease: Lease
-    outcome: Outcome
 
 
 @dataclass

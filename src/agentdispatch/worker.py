@@ -10,23 +10,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .envelope import Envelope
-from .errors import (
-    AgentDispatchError,
-    InvalidEnvelope,
-    LeaseLost,
-)
+from .errors import AgentDispatchError
+from .factory import open_flow
 from .faults import Backoff, recoverable, unavailable
 from .fleet import host_label, new_worker_id
 from .handlers import Registry, outcome_of
-from .lanes import LABELS, Finished, Lane, Step
+from .lanes import Lane, Step
 from .lease import LeaseGuard, Renewer
 from .metrics import Metrics
 from .policy import Backpressure, batch_size
 from .reconciler import Reconciler
 from .settings import Settings
-from .stores.base import Claim, ClaimKind, Store, WorkerRow
+from .stores.base import Store, WorkerRow
 from .transports.base import Delivery, Transport
+from .transports.flow import Batch, Finished, Separate
 from .workitem import Lease, Outcome, WorkItem
 
 log = logging.getLogger("agentdispatch.worker")
@@ -72,6 +69,9 @@ class Worker:
         self.settings = settings
         self.store = store
         self.transport = transport
+        #: Claims, commits and releases in batches, each one transaction where
+        #: the queue lives in the store's database.
+        self.flow = open_flow(store, transport)
         self.registry = registry
         self.options = options or WorkerOptions()
         self.metrics = metrics or Metrics()
@@ -242,16 +242,16 @@ class Worker:
             counter = self._counters[outcome] = self.metrics.turns.labels(outcome=outcome)
         counter.inc()
 
-    def _poison(self, delivery: Delivery, reason: str) -> None:
-        self.store.record_poison(delivery.raw, reason)
-        self.transport.ack(delivery)
-        self._count("poison")
+    def _tally(self, batch: Batch) -> None:
+        """Count the deliveries a claim settled instead of claiming."""
+        if batch.redelivered:
+            self.metrics.redeliveries.inc(batch.redelivered)
+        for end in batch.ends:
+            self._count(end.value)
 
     def poll(self, owner: str, index: int, loop: asyncio.AbstractEventLoop) -> str | None:
         """One step of a claim thread; returns the outcome label (``pending``
-        while a finished turn waits for its batch's commit), or None when idle.
-
-        On a shared database the delivery and the claim are one transaction."""
+        while a finished turn waits for its batch's commit), or None when idle."""
         lane = self._lane(index)
         if lane.claimed:
             lane.step(time.monotonic(), chained=True)
@@ -268,23 +268,14 @@ class Worker:
             lane.dry = False
             self.transport.wait(self.options.get_wait_s)
             return None
-        got = self._get_and_claim(owner)
-        if got is None:
-            if self.transport.shared_database:
-                # Idle: wait outside any transaction; the next poll gets and
-                # claims in one transaction again (one get per wake-up).
-                self.transport.wait(self.options.get_wait_s)
-                return None
-            ttl = self.settings.claim_ttl_s
-            delivery = self.transport.get(owner, visibility_s=ttl, wait_s=self.options.get_wait_s)
-            if delivery is None:
-                return None
-            got = (delivery, self._admit(delivery, owner))
-        delivery, step = got
-        if isinstance(step, str):
-            return step
+        at = time.monotonic()  # before the claim: no lease of it expires sooner than at + TTL
+        batch = self.flow.claim(owner, 1, ttl_s=self.settings.claim_ttl_s, wait_s=self.options.get_wait_s)
+        self._tally(batch)
+        if not batch.claimed:
+            return batch.ends[-1].value if batch.ends else None
+        c = batch.claimed[0]
         lane.step(time.monotonic(), chained=False)
-        return self._execute(delivery, step, owner=owner, index=index, loop=loop)
+        return self._execute(c.delivery, (c.envelope, c.claim, at), owner=owner, index=index, loop=loop)
 
     def _steal(self, lane: Lane) -> tuple[Delivery, Step] | None:
         """A turn another claim thread of this worker claimed and cannot start:
@@ -299,59 +290,16 @@ class Worker:
                     return got
         return None
 
-    def _get_and_claim(self, owner: str) -> tuple[Delivery, str | Step] | None:
-        """Get a delivery and settle or claim it, in one transaction on a
-        shared database (the get also reads the item for the claim)."""
-        with self.transport.atomic(durable=False):
-            delivery = self.transport.get(owner, visibility_s=self.settings.claim_ttl_s, wait_s=0.0)
-            return None if delivery is None else (delivery, self._admit(delivery, owner))
-
     def process(self, delivery: Delivery, *, owner: str, index: int, loop: asyncio.AbstractEventLoop) -> str:
         """Handle one delivery end to end; returns the outcome label. Its commit
         claims nothing else (no turn is left for a claim loop to run)."""
-        step = self._admit(delivery, owner)
-        if isinstance(step, str):
-            return step
-        return self._execute(delivery, step, owner=owner, index=index, loop=loop, chain=False)
-
-    def _admit(self, delivery: Delivery, owner: str) -> str | Step:
-        """Validate and claim; every outcome but a claim is settled here."""
-        return self._admit_many([delivery], owner)[0]
-
-    def _admit_many(self, deliveries: list[Delivery], owner: str) -> list[str | Step]:
-        """:meth:`_admit` for a batch, the claims in one store call."""
-        envs = [self._envelope(d) for d in deliveries]
-        jobs = [(e.job_id, e.tenant) for e in envs if isinstance(e, Envelope)]
-        reads = [d.read for d, e in zip(deliveries, envs, strict=True) if isinstance(e, Envelope)]
-        at = time.monotonic()  # before the claim: no lease of it expires sooner than at + TTL
-        ttl_s = self.settings.claim_ttl_s
-        claims = iter(self.store.claim_many(jobs, owner=owner, ttl_s=ttl_s, reads=reads) if jobs else [])
-        pairs = zip(deliveries, envs, strict=True)
-        return [e if isinstance(e, str) else self._settle_claim(d, e, next(claims), at) for d, e in pairs]
-
-    def _envelope(self, delivery: Delivery) -> Envelope | str:
-        if delivery.deliveries > 1:
-            self.metrics.redeliveries.inc()
-        try:
-            return Envelope.from_json(delivery.raw)
-        except InvalidEnvelope as exc:
-            self._poison(delivery, str(exc))
-            return "poison"
-
-    def _settle_claim(self, delivery: Delivery, env: Envelope, claim: Claim, at: float) -> str | Step:
-        if claim.kind in (ClaimKind.MISSING, ClaimKind.TENANT_MISMATCH):
-            self._poison(delivery, f"{claim.kind.value}: envelope for job {env.job_id}")
-            return "poison"
-        if claim.kind is ClaimKind.BUSY:
-            self.transport.release(delivery, max(0.05, min(claim.retry_after_s, self.settings.claim_ttl_s)))
-            self._count("busy")
-            return "busy"
-        if claim.kind is not ClaimKind.CLAIMED:
-            self.transport.ack(delivery)
-            label = {ClaimKind.EXPIRED: "expired"}.get(claim.kind, "skipped")
-            self._count(label)
-            return label
-        return env, claim, at
+        at = time.monotonic()
+        batch = Separate(self.store, self.transport).admit(owner, [delivery], ttl_s=self.settings.claim_ttl_s)
+        self._tally(batch)
+        if not batch.claimed:
+            return batch.ends[-1].value
+        c = batch.claimed[0]
+        return self._execute(delivery, (c.envelope, c.claim, at), owner=owner, index=index, loop=loop, chain=False)
 
     def _execute(
         self,
@@ -415,53 +363,39 @@ class Worker:
         return guard.lease, outcome
 
     def _flush(self, lane: Lane, owner: str, *, chain: bool = True) -> str:
-        """The fenced commits and acknowledgements of the lane's finished turns:
-        one durable transaction on a shared database, else each commit, then
-        its ack. Returns the label of the last turn.
-
-        On a shared database the same transaction also claims this thread's
-        next turns (up to the transport's ``claims_with_commit``; the rest of
-        a batch is claimed in short transactions of its own), as many as fast
-        turns fit the batch budget: one write and one fsync for the lot.
-        Should a claim fail, the whole transaction rolls back and the commits
-        and acks are made again on their own: a claim never costs a commit. A
-        commit the store cannot make now is kept and made again by the next
-        poll (after the claim loop's back-off)."""
+        """The fenced commits and acknowledgements of the lane's finished turns
+        (one durable transaction on a shared database), and this thread's next
+        turns: as many as fast turns fit the batch budget, claimed in the same
+        transaction where the backend can (one write and one fsync for the
+        lot), the rest in a transaction of their own. A claim never costs a
+        commit. A commit the store cannot make now is kept and made again by
+        the next poll (after the claim loop's back-off). Returns the label of
+        the last turn."""
         done, lane.done = lane.done, []
+        ttl = self.settings.claim_ttl_s
         try:
             want = self._refill(lane) if chain else 0
-            ride = min(want, self.transport.claims_with_commit)
-            claimed: list[tuple[Delivery, Step]] = []
-            labels: list[str] | None = None
-            if ride:
-                try:
-                    with self.transport.atomic(durable=True):
-                        labels = self._commit_all(done)
-                        try:
-                            dry = self._claim_into(claimed, owner, ride)
-                        except Exception as exc:  # whatever it was, the commits must not pay for it
-                            raise _ChainFailed from exc
-                except _ChainFailed as failed:
-                    log.warning("claiming the next turns with a commit failed (%s); committing alone", failed.__cause__)
-                    labels, want, claimed = None, 0, []
-            if labels is None:
-                with self.transport.atomic(durable=True):
-                    labels = self._commit_all(done)
-                dry = False
-            self.metrics.commit_batch.observe(len(labels))
-            label = self._settle(labels)
+            at = time.monotonic()
+            ends, rode = self.flow.finish(done, then=want, owner=owner, ttl_s=ttl)
+            self.metrics.commit_batch.observe(len(ends))
+            label = self._settle([e.value for e in ends])
         except Exception as exc:
             if unavailable(exc):
                 lane.done[:0] = done  # committed again after the back-off (fenced, if a lease lapsed)
             raise
-        lane.claimed.extend(claimed)
-        if want > ride and not dry:
-            more: list[tuple[Delivery, Step]] = []
+        self._tally(rode)
+        lane.claimed.extend((c.delivery, (c.envelope, c.claim, at)) for c in rode.claimed)
+        dry = rode.dry
+        if want > rode.asked and not dry:
+            at = time.monotonic()
             try:
-                dry = self._claim_into(more, owner, want - ride)  # short transactions of their own
+                more = self.flow.claim(owner, want - rode.asked, ttl_s=ttl)
             except AgentDispatchError as exc:  # keep what was claimed; the loop goes on
                 log.warning("claiming the next turns failed: %s", exc)
-            lane.claimed.extend(more)
+            else:
+                self._tally(more)
+                lane.claimed.extend((c.delivery, (c.envelope, c.claim, at)) for c in more.claimed)
+                dry = more.dry
         lane.committed(dry=dry)
         return label
 
@@ -475,22 +409,6 @@ class Worker:
         size = batch_size(turn_s, budget_s=self.options.batch_budget_s, cap=self.options.batch_max)
         return max(0, size - len(lane.claimed))
 
-    def _commit_all(self, done: list[Finished]) -> list[str]:
-        """The batch's fenced commits (one store call), then its acks (one
-        transport call); a fenced turn wrote nothing and is given back."""
-        results = self.store.commit_many([(d.lease, d.outcome) for d in done])
-        labels: list[str] = []
-        acks: list[Delivery] = []
-        for d, item in zip(done, results, strict=True):
-            if isinstance(item, LeaseLost):
-                self.transport.release(d.delivery, 0.0)
-                labels.append("fenced")
-                continue
-            acks.append(d.delivery)
-            labels.append(LABELS.get(item.status, "failed"))
-        self.transport.ack_many(acks)
-        return labels
-
     def _settle(self, labels: list[str]) -> str:
         for label in labels:
             if label == "fenced":
@@ -498,19 +416,9 @@ class Worker:
             self._count(label)
         return labels[-1]
 
-    def _claim_into(self, claimed: list[tuple[Delivery, Step]], owner: str, want: int) -> bool:
-        """Claim up to ``want`` turns into ``claimed``: the gets (one statement
-        where the transport can) and their claims in one transaction (the open
-        one, if any). True when the queue ran dry."""
-        with self.transport.atomic(durable=False):
-            deliveries = self.transport.get_many(owner, want, visibility_s=self.settings.claim_ttl_s)
-            steps = self._admit_many(deliveries, owner)
-        claimed.extend((d, s) for d, s in zip(deliveries, steps, strict=True) if not isinstance(s, str))
-        return len(deliveries) < want
-
     def _fenced(self, delivery: Delivery) -> str:
         # Left for redelivery: the store decides what the next delivery finds.
-        self.transport.release(delivery, 0.0)
+        self.flow.release([delivery])
         return self._settle(["fenced"])
 
 
@@ -523,7 +431,3 @@ def _confirmed(guard: LeaseGuard) -> bool:
         log.info("claimed turn %s not started: %s", guard.job_id, exc)
         return False
     return True
-
-
-class _ChainFailed(Exception):
-    """The claim riding with a commit failed: roll both back, commit alone."""

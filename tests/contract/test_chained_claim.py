@@ -19,7 +19,7 @@ from agentdispatch.envelope import Envelope
 from agentdispatch.errors import TaskQueueUnavailable
 from agentdispatch.handlers import Registry, builtins
 from agentdispatch.lanes import Lane
-from agentdispatch.transports.base import Delivery
+from agentdispatch.transports.flow import Shared
 from agentdispatch.worker import Worker
 
 from .helpers import wait_until
@@ -72,7 +72,7 @@ def test_the_commit_claims_the_next_turn(harness, loop) -> None:  # type: ignore
     done = {a, b} - {j for j in (a, b) if _status(harness, j) is not Status.SUCCEEDED}
     assert len(done) == 1
     (other,) = {a, b} - done
-    assert harness.transport.shared_database is not harness.log
+    assert isinstance(worker.flow, Shared) is not harness.log
     # Claimed with the commit (in its transaction on a shared database):
     # running already, no queue read left.
     assert _status(harness, other) is Status.RUNNING and _held(worker) == 1
@@ -83,37 +83,26 @@ def test_the_commit_claims_the_next_turn(harness, loop) -> None:  # type: ignore
 def test_a_failing_chained_claim_never_costs_the_commit(harness, loop, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     a, b = _two_turns(harness)
     worker = harness.worker(builtins(), threads=1)
-    real_get = harness.transport.get
-    calls: list[Delivery | None] = []
+    # The queue read after a delivery fails: the flow's own read where it
+    # claims in the commit's transaction, else the transport's.
+    target = worker.flow.sides if isinstance(worker.flow, Shared) else harness.transport
+    real = target.get
+    calls: list[bool] = []
 
-    def flaky_get(owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
-        if calls and calls[-1] is not None:  # the read after a delivery: the chained one
-            calls.append(None)
+    def flaky(*args, **kw):  # type: ignore[no-untyped-def]
+        if calls and calls[-1]:  # the read after a delivery: the chained one
+            calls.append(False)
             raise TaskQueueUnavailable("injected: the queue read failed")
-        got = real_get(owner, visibility_s=visibility_s, wait_s=wait_s)
-        calls.append(got)
+        got = real(*args, **kw)
+        calls.append(bool(got))
         return got
 
-    real_get_many = harness.transport.get_many
-
-    def flaky_get_many(owner: str, n: int, *, visibility_s: float) -> list[Delivery]:
-        if calls and calls[-1] is not None:
-            calls.append(None)
-            raise TaskQueueUnavailable("injected: the queue read failed")
-        before = len(calls)
-        got = real_get_many(owner, n, visibility_s=visibility_s)  # may go through flaky_get
-        if len(calls) == before:
-            calls.append(got[0] if got else None)
-        return got
-
-    monkeypatch.setattr(harness.transport, "get", flaky_get)
-    monkeypatch.setattr(harness.transport, "get_many", flaky_get_many)
+    monkeypatch.setattr(target, "get", flaky)
     assert _poll_until(worker, loop) == "completed"
     statuses = sorted(_status(harness, j).value for j in (a, b))
     # The first turn committed on its own; the second was not claimed.
     assert statuses == ["ready", "succeeded"] and not _held(worker)
-    monkeypatch.setattr(harness.transport, "get", real_get)
-    monkeypatch.setattr(harness.transport, "get_many", real_get_many)
+    monkeypatch.setattr(target, "get", real)
     assert _poll_until(worker, loop) == "completed"
     assert {_status(harness, j) for j in (a, b)} == {Status.SUCCEEDED}
 

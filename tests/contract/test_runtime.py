@@ -13,7 +13,7 @@ import pytest
 from agentdispatch import LeaseLost, Registry, Status, Submission
 from agentdispatch.errors import Overloaded
 from agentdispatch.runtime import AsyncWorker, RuntimeOptions
-from agentdispatch.runtime.turn import TurnEnd
+from agentdispatch.transports.flow import TurnEnd
 from agentdispatch.workitem import Outcome
 
 from .helpers import wait_until

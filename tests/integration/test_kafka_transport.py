@@ -297,7 +297,7 @@ def test_a_prepared_consumer_joins_the_group_before_its_first_get(env: Env) -> N
         time.sleep(0.05)
     assert transport.stats()["assignments"] >= 1, "the prepared consumer never joined without a get"
     transport.put(_env(1))
-    got = _drain(transport, 1, owner=worker.traffic.owner)
+    got = _drain(transport, 1, owner=worker.owner)
     assert [Envelope.from_json(d.raw).job_id for d in got] == ["job-1"]
 
 

@@ -1,6 +1,6 @@
 """The get that delivers an item inside a claim transaction also reads the
-item (one round trip fewer per claim) and carries it on the delivery; that
-read serves only the claim it is handed to in the same transaction."""
+item (one round trip fewer per claim), and the claim of the same transaction
+uses that read; a claim made apart from its get reads the item itself."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 from agentdispatch.backends.postgres.tx import PostgresTx
 from agentdispatch.dispatch import Submission
 from agentdispatch.envelope import Envelope
+from agentdispatch.factory import open_flow
 from agentdispatch.stores.base import ClaimKind
+from agentdispatch.transports.flow import TurnEnd
 from backends import Harness, fresh_pg_database, pg_harness_at
 
 
@@ -34,17 +36,14 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-def test_claim_in_the_get_transaction_uses_the_read_of_the_get(h: Harness, reads: list[str]) -> None:
+def test_a_claim_uses_the_read_of_the_get_that_delivered_it(h: Harness, reads: list[str]) -> None:
     handle = h.dispatcher().submit(Submission(kind="note", tenant="t1", session_id="s", payload=1))
-    with h.transport.atomic(durable=False):
-        d = h.transport.get("w:0", visibility_s=30.0, wait_s=0.0)
-        assert d is not None
-        env = Envelope.from_json(d.raw)
-        claim = h.store.claim(env.job_id, env.tenant, owner="w:0", ttl_s=30.0, read=d.read)
-    assert claim.kind is ClaimKind.CLAIMED and claim.lease is not None
+    batch = open_flow(h.store, h.transport).claim("w:0", 1, ttl_s=30.0)
+    (c,) = batch.claimed
+    assert c.claim.kind is ClaimKind.CLAIMED and c.claim.lease is not None
     assert reads == []  # no second read
     assert h.store.get(handle.job_id, None).status.value == "running"
-    assert h.store.get(handle.job_id, None).lease_epoch == claim.lease.epoch
+    assert h.store.get(handle.job_id, None).lease_epoch == c.claim.lease.epoch
 
 
 def test_the_read_of_the_get_sees_the_session_blocker(h: Harness, reads: list[str]) -> None:
@@ -56,47 +55,19 @@ def test_the_read_of_the_get_sees_the_session_blocker(h: Harness, reads: list[st
     assert h.store.claim(first.job_id, "t1", owner="w:0", ttl_s=30.0).kind is ClaimKind.CLAIMED
     assert h.transport.ack(got)
     # The second turn's queue row is the session head now, but the first runs.
-    with h.transport.atomic(durable=False):
-        nxt = h.transport.get("w:1", visibility_s=30.0, wait_s=0.0)
-        assert nxt is not None and Envelope.from_json(nxt.raw).job_id == second.job_id
-        claim = h.store.claim(second.job_id, "t1", owner="w:1", ttl_s=30.0, read=nxt.read)
-    assert claim.kind is ClaimKind.BUSY and claim.retry_after_s > 0
+    batch = open_flow(h.store, h.transport).claim("w:1", 1, ttl_s=30.0)
+    assert batch.got == 1 and batch.claimed == [] and batch.ends == [TurnEnd.BUSY]
+    assert h.store.get(second.job_id, None).status.value == "ready"
     assert second.job_id not in reads
 
 
-def test_a_get_outside_a_transaction_leaves_no_read_behind(h: Harness, reads: list[str]) -> None:
+def test_a_claim_apart_from_its_get_reads_the_item_itself(h: Harness, reads: list[str]) -> None:
     handle = h.dispatcher().submit(Submission(kind="note", tenant="t1", session_id="s", payload=1))
     d = h.transport.get("w:0", visibility_s=30.0, wait_s=0.0)
-    assert d is not None and d.read is None
-    claim = h.store.claim(handle.job_id, "t1", owner="w:0", ttl_s=30.0, read=d.read)
+    assert d is not None
+    claim = h.store.claim(handle.job_id, "t1", owner="w:0", ttl_s=30.0)
     assert claim.kind is ClaimKind.CLAIMED
     assert reads == [handle.job_id]  # autocommit: its locks are gone, read again
-
-
-def test_a_read_never_outlives_its_transaction(h: Harness, reads: list[str]) -> None:
-    handle = h.dispatcher().submit(Submission(kind="note", tenant="t1", session_id="s", payload=1))
-    with h.transport.atomic(durable=False):
-        d = h.transport.get("w:0", visibility_s=30.0, wait_s=0.0)
-        assert d is not None and d.read is not None
-    h.store.cancel(handle.job_id, None)
-    with h.transport.atomic(durable=False):
-        claim = h.store.claim(handle.job_id, "t1", owner="w:0", ttl_s=30.0, read=d.read)
-    # A stale read would have claimed the cancelled item.
-    assert claim.kind is ClaimKind.SKIPPED
-    assert reads == [handle.job_id]
-
-
-def test_a_read_serves_only_its_own_item(h: Harness, reads: list[str]) -> None:
-    d = h.dispatcher()
-    first = d.submit(Submission(kind="note", tenant="t1", session_id="a", payload=1))
-    other = d.submit(Submission(kind="note", tenant="t1", session_id="b", payload=2))
-    with h.transport.atomic(durable=False):
-        got = h.transport.get("w:0", visibility_s=30.0, wait_s=0.0)
-        assert got is not None and Envelope.from_json(got.raw).job_id == first.job_id
-        claim = h.store.claim(other.job_id, "t1", owner="w:0", ttl_s=30.0, read=got.read)
-    assert claim.kind is ClaimKind.CLAIMED
-    assert reads == [other.job_id]
-    assert h.store.get(first.job_id, None).status.value != "running"
 
 
 @pytest.fixture
@@ -131,21 +102,14 @@ def test_a_notification_says_how_many_rows_came(own_db: Harness) -> None:
 
 
 def test_both_workers_hand_the_read_of_the_get_to_the_claim(h: Harness, reads: list[str]) -> None:
-    """The runtime's batch claim and the thread worker's get-and-claim pass
-    each delivery's read on: no claim reads its item again."""
-    from agentdispatch.handlers import builtins
-    from agentdispatch.metrics import Metrics
-    from agentdispatch.runtime.traffic import Traffic
+    """The runtime's batch claim and the thread worker's claim both go
+    through the flow: no claim reads its item again."""
+    from agentdispatch.handlers import Registry
+    from agentdispatch.runtime.worker import AsyncWorker
 
     d = h.dispatcher()
     jobs = [d.submit(Submission(kind="note", tenant=f"t{i}", payload=i)).job_id for i in range(3)]
-    traffic = Traffic(h.store, h.transport, owner="w:0", ttl_s=30.0, metrics=Metrics(), count=lambda _: None)
-    claimed, _ = traffic.claim(2)
-    worker = h.worker(builtins())
-    got = worker._get_and_claim("w:1")
-    assert got is not None and not isinstance(got[1], str)
-    lease = got[1][1].lease
-    assert lease is not None
-    held = sorted([c.claim.lease.job_id for c in claimed if c.claim.lease] + [lease.job_id])
-    assert held == sorted(jobs)
+    claimed = AsyncWorker(h.settings, h.store, h.transport, Registry())._claim(2).claimed
+    claimed += h.worker(Registry()).flow.claim("w:1", 1, ttl_s=30.0).claimed
+    assert sorted(c.claim.item.id for c in claimed if c.claim.item is not None) == sorted(jobs)
     assert reads == []

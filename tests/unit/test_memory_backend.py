@@ -72,9 +72,9 @@ def test_a_failed_submission_changes_nothing() -> None:
 def test_a_failed_nested_transaction_is_undone_alone() -> None:
     backend = MemoryBackend()
     kept, undone = backend.dispatcher().submit_many([Submission(kind="echo", tenant="t") for _ in range(2)])
-    with backend.transport.atomic(durable=True):
+    with backend.db.tx():
         backend.store.cancel(kept.job_id, "t")
-        with pytest.raises(RuntimeError), backend.transport.atomic(durable=True):
+        with pytest.raises(RuntimeError), backend.db.tx():
             backend.store.cancel(undone.job_id, "t")
             raise RuntimeError("the caller carries on after this")
     assert backend.store.get(kept.job_id, "t").status is Status.CANCELLED

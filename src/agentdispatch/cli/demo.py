@@ -68,7 +68,7 @@ def register(main: click.Group) -> None:
 
         from ..dispatch import Submission
         from ..runtime import AsyncWorker, RuntimeOptions
-        from ..runtime.turn import TurnEnd
+        from ..transports.flow import TurnEnd
         from . import emit
 
         # How a turn can end for good (a retried turn comes back).

@@ -8,7 +8,6 @@ import contextvars
 import inspect
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from ..envelope import Envelope
@@ -16,30 +15,8 @@ from ..errors import Overloaded
 from ..handlers import Handler, Registry, failure_outcome, turn_of, unknown_kind
 from ..lease import LeaseGuard, jsonable
 from ..transports.base import Delivery
-from ..workitem import Outcome, Status, WorkItem
-
-
-class TurnEnd(StrEnum):
-    """How a delivery ended, as counted by the turns metric."""
-
-    COMPLETED = "completed"
-    RETRIED = "retried"
-    DEAD_LETTER = "dead_letter"
-    FAILED = "failed"
-    FENCED = "fenced"  # the lease was lost: nothing committed
-    RELEASED = "released"  # given back at shutdown: nothing committed
-    POISON = "poison"
-    BUSY = "busy"
-    SKIPPED = "skipped"
-    EXPIRED = "expired"
-
-
-#: Where a commit left an item.
-BY_STATUS = {
-    Status.SUCCEEDED: TurnEnd.COMPLETED,
-    Status.READY: TurnEnd.RETRIED,
-    Status.DEAD_LETTER: TurnEnd.DEAD_LETTER,
-}
+from ..transports.flow import TurnEnd
+from ..workitem import Outcome, WorkItem
 
 
 @dataclass(eq=False)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from ..factory import open_flow
 from ..faults import Backoff, recoverable
 from ..fleet import host_label, new_worker_id
 from ..handlers import Registry
@@ -29,12 +30,13 @@ from ..policy import ConcurrencyLimit
 from ..reconciler import Reconciler
 from ..settings import Settings
 from ..stores.base import Store, WorkerRow
-from ..transports.base import Transport
+from ..transports.base import Delivery, Transport
+from ..transports.flow import Batch, Claimed, Finished, TurnEnd
+from ..workitem import Lease
 from .ledger import Ledger
 from .options import RuntimeOptions
 from .renewer import BatchRenewer
-from .traffic import Claimed, Finished, Traffic
-from .turn import Running, TurnEnd, run_turn
+from .turn import Running, run_turn
 
 log = logging.getLogger("agentdispatch.runtime")
 T = TypeVar("T")
@@ -75,14 +77,10 @@ class AsyncWorker:
         self.observe = TurnObserver(self.metrics)
         self.renewer.on_late = self.metrics.renew_late.observe
         self.metrics.renew_lateness.set_function(lambda: self.renewer.worst_lateness_s)
-        self.traffic = Traffic(
-            store,
-            transport,
-            owner=f"{self.worker_id}:0",
-            ttl_s=settings.claim_ttl_s,
-            metrics=self.metrics,
-            count=self._count,
-        )
+        #: Claims, commits and releases in batches, each one transaction where
+        #: the queue lives in the store's database.
+        self.flow = open_flow(store, transport)
+        self.owner = f"{self.worker_id}:0"
         self.running: set[Running] = set()
         #: The running turns by job id (cancellations arrive as job ids).
         self._by_job: dict[str, Running] = {}
@@ -109,7 +107,7 @@ class AsyncWorker:
         # consumer group) starts now, while the caller finishes starting up.
         prepare = getattr(self.transport, "prepare", None)
         if prepare is not None:
-            prepare(self.traffic.owner)
+            prepare(self.owner)
 
     def request_stop(self) -> None:
         """Stop claiming; turns in flight get the grace period (thread-safe,
@@ -199,7 +197,7 @@ class AsyncWorker:
                 await self._nap(self._claim_wake, delay if delay > 0 else 1.0)
                 continue
             try:
-                claimed, dry = await self._off(self._claims, self.traffic.claim, min(free, self.options.claim_batch))
+                batch = await self._off(self._claims, self._claim, min(free, self.options.claim_batch))
             except Exception as exc:
                 if not recoverable(exc):
                     self._fail(exc)
@@ -210,13 +208,22 @@ class AsyncWorker:
                 continue
             if backoff.failures:
                 log.info("claiming resumed after %d failed attempt(s)", backoff.reset())
-            for c in claimed:
+            for c in batch.claimed:
                 self._start(c, handlers)
-            if claimed:
+            if batch.claimed:
                 self._beat_soon()
-            if dry and not self.stopping:
+            if batch.dry and not self.stopping:
                 # Not on the traffic thread: finished turns commit meanwhile.
                 await self._off(self._io, self.transport.wait, self.options.get_wait_s)
+
+    def _claim(self, n: int) -> Batch:
+        """Up to ``n`` turns; the deliveries settled instead are counted."""
+        batch = self.flow.claim(self.owner, n, ttl_s=self.settings.claim_ttl_s)
+        if batch.redelivered:
+            self.metrics.redeliveries.inc(batch.redelivered)
+        for end in batch.ends:
+            self._count(end)
+        return batch
 
     def _start(self, c: Claimed, handlers: Executor) -> None:
         item, lease = c.claim.item, c.claim.lease
@@ -276,7 +283,7 @@ class AsyncWorker:
             # Nothing to commit: give the delivery back (and, at shutdown, the lease).
             why = r.stop or TurnEnd.FENCED
             leases = [r.guard.lease] if why is TurnEnd.RELEASED else []
-            await self._off(self._io, self.traffic.give_back, [r.delivery], leases)
+            await self._off(self._io, self._give_back, [r.delivery], leases)
             self._count(why)
             self.observe.ended(r.item.id, why.value)
             if why is TurnEnd.FENCED:
@@ -299,7 +306,7 @@ class AsyncWorker:
             batch, self._done = self._done[: self.options.commit_batch], self._done[self.options.commit_batch :]
             try:
                 with self.observe.commit([d.lease.job_id for d in batch]):
-                    ends = await self._off(self._commits, self.traffic.finish, batch)
+                    ends = await self._off(self._commits, self._finish, batch)
             except Exception as exc:
                 self._done[:0] = batch  # committed again after the back-off (fenced, if a lease lapsed)
                 if not recoverable(exc):
@@ -315,6 +322,19 @@ class AsyncWorker:
                 self.observe.ended(d.lease.job_id, end.value)
                 if end is TurnEnd.FENCED:
                     self.metrics.lease_failures.inc()
+
+    def _finish(self, done: list[Finished]) -> list[TurnEnd]:
+        ends, _ = self.flow.finish(done)
+        self.metrics.commit_batch.observe(len(done))
+        return ends
+
+    def _give_back(self, deliveries: list[Delivery], leases: list[Lease]) -> None:
+        """Turns that commit nothing: their deliveries visible again now and
+        (``leases``, given up at shutdown) their leases expired at once."""
+        try:
+            self.flow.release(deliveries, leases)
+        except Exception as exc:  # the visibility and the leases run out anyway
+            log.warning("giving back %d turn(s) failed: %s", len(deliveries), exc)
 
     # -- stop -------------------------------------------------------------------
     async def _drain(self) -> bool:

@@ -293,16 +293,11 @@ class Jobs(Protocol):
 class Queue(Protocol):
     """What a worker does with an item it runs: claim, renew, checkpoint, commit."""
 
-    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float, read: object = None) -> Claim:
-        """Claim and start an item for ``owner`` (epoch + 1, attempt + 1).
-        ``read``: the :attr:`Delivery.read` of the delivery that brought it (a
-        backend that can use it skips reading the item again; others ignore it)."""
+    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
+        """Claim and start an item for ``owner`` (epoch + 1, attempt + 1)."""
 
-    def claim_many(
-        self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float, reads: Sequence[object] = ()
-    ) -> list[Claim]:
-        """:meth:`claim` for each (job id, tenant), in one transaction where the
-        backend can (see :func:`claim_each`); ``reads`` in the same order."""
+    def claim_many(self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float) -> list[Claim]:
+        """:meth:`claim` for each (job id, tenant), in one transaction."""
 
     def renew(self, lease: Lease, ttl_s: float) -> Lease:
         """Extend a live lease; raises :class:`LeaseLost` when fenced."""
@@ -323,8 +318,7 @@ class Queue(Protocol):
 
     def commit_many(self, done: Sequence[tuple[Lease, Outcome]]) -> list[WorkItem | LeaseLost]:
         """:meth:`commit` for each (lease, outcome), durable together; a fenced
-        one is answered with its :class:`LeaseLost` and writes nothing (see
-        :func:`commit_each`)."""
+        one is answered with its :class:`LeaseLost` and writes nothing."""
 
     def cancelled_since(self, since: float) -> tuple[float, list[str]]:
         """The database clock now, and the jobs cancelled at or after ``since``
@@ -457,19 +451,3 @@ class Store(Schema, Jobs, Queue, Ledger, Views, Repair, Fleet, Tokens, ScheduleS
     """The WorkItem authority, every part of it: what a backend implements.
     Time is the database's clock. A caller types its store as the smallest
     part it uses."""
-
-
-def claim_each(store: Queue, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float) -> list[Claim]:
-    """:meth:`Store.claim_many` as one claim after another."""
-    return [store.claim(job_id, tenant, owner=owner, ttl_s=ttl_s) for job_id, tenant in jobs]
-
-
-def commit_each(store: Queue, done: Sequence[tuple[Lease, Outcome]]) -> list[WorkItem | LeaseLost]:
-    """:meth:`Store.commit_many` as one commit after another."""
-    out: list[WorkItem | LeaseLost] = []
-    for lease, outcome in done:
-        try:
-            out.append(store.commit(lease, outcome))
-        except LeaseLost as exc:
-            out.append(exc)
-    return out

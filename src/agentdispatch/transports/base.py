@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -27,10 +26,6 @@ class Delivery:
     raw: str
     receipt: Receipt
     deliveries: int = 1
-    #: What the transport read of the item while delivering it, for the
-    #: store's claim in the same transaction (PostgreSQL: the get reads the
-    #: locked item, saving the claim a round trip). Opaque; None elsewhere.
-    read: Any = field(default=None, compare=False, repr=False)
 
 
 class Sender(Protocol):
@@ -56,16 +51,6 @@ class Sender(Protocol):
 class Receiver(Protocol):
     """The worker's side: receive, acknowledge, give back."""
 
-    #: Whether the queue lives in the store's database, so that one transaction
-    #: can commit a turn, acknowledge it and claim the next.
-    shared_database: bool
-    #: How many of a thread's next claims may ride in the transaction that
-    #: commits its finished turns (the rest are claimed in short transactions
-    #: of their own). Small where a claim marks shared fairness rows: a long
-    #: transaction would hold those marks back from the other claimants, which
-    #: would then keep serving the same tenant.
-    claims_with_commit: int
-
     def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
         """Receive one envelope for ``owner`` (each worker thread is an owner)."""
 
@@ -87,11 +72,6 @@ class Receiver(Protocol):
 
     def release(self, delivery: Delivery, delay_s: float) -> None:
         """Give a delivery back, visible again after ``delay_s``."""
-
-    def atomic(self, durable: bool) -> AbstractContextManager[Any]:
-        """Group this thread's transport and store writes into one transaction
-        when both live in the same database (a claim with its delivery, a commit
-        with its ack); a no-op context otherwise."""
 
 
 @runtime_checkable

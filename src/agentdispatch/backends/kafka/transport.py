@@ -16,7 +16,6 @@ consumers (the SQS-like contract every transport shares).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -51,8 +50,6 @@ class KafkaTransport:
     """Envelopes on Kafka; the store stays the WorkItem authority."""
 
     name = "kafka"
-    shared_database = False
-    claims_with_commit = 0
 
     def __init__(
         self,
@@ -335,10 +332,6 @@ class KafkaTransport:
         oc = self._owner_of(delivery)
         if oc is not None:
             oc.release(delivery.receipt, delay_s)
-
-    def atomic(self, durable: bool) -> contextlib.AbstractContextManager[Any]:
-        """Kafka and the store share no transaction: a no-op context."""
-        return contextlib.nullcontext()
 
     def _keepalive_loop(self) -> None:
         while not self._stop.wait(min(0.5, self.keepalive_s)):

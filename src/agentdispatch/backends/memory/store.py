@@ -29,11 +29,9 @@ from ...stores.base import (
     SweepReport,
     TenantCount,
     WorkerRow,
-    claim_each,
-    commit_each,
 )
 from ...workitem import Lease, Outcome, Status, WorkItem
-from .db import Clock, MemoryDb
+from .db import Clock, MemoryDb, Tables
 from .tx import MemoryTx
 
 
@@ -92,29 +90,48 @@ class MemoryStore:
                     t.items[a.item.id] = a.item  # the item as stored, with its execution timeout
         return accepted
 
-    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float, read: object = None) -> Claim:
+    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
         out: Claim = self._run(engine.claim, job_id, tenant, owner, ttl_s)
         return out
 
-    def claim_many(
-        self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float, reads: Sequence[object] = ()
-    ) -> list[Claim]:
-        return claim_each(self, jobs, owner=owner, ttl_s=ttl_s)
+    def claim_many(self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float) -> list[Claim]:
+        with self.db.tx() as t:
+            return self.claim_on(t, jobs, owner=owner, ttl_s=ttl_s)
+
+    def claim_on(self, t: Tables, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float) -> list[Claim]:
+        """:meth:`claim_many` in the open transaction of ``t``."""
+        return [engine.claim(MemoryTx(t, self.db.now()), job_id, tenant, owner, ttl_s) for job_id, tenant in jobs]
 
     def renew(self, lease: Lease, ttl_s: float) -> Lease:
         out: Lease = self._run(engine.renew, lease, ttl_s)
         return out
 
     def renew_many(self, leases: Sequence[Lease], ttl_s: float) -> list[Lease | LeaseLost]:
-        out: list[Lease | LeaseLost] = self._run(engine.renew_many, leases, ttl_s)
-        return out
+        with self.db.tx() as t:
+            return self.renew_on(t, leases, ttl_s)
+
+    def renew_on(self, t: Tables, leases: Sequence[Lease], ttl_s: float) -> list[Lease | LeaseLost]:
+        """:meth:`renew_many` in the open transaction of ``t``."""
+        return engine.renew_many(MemoryTx(t, self.db.now()), leases, ttl_s)
 
     def commit(self, lease: Lease, outcome: Outcome) -> WorkItem:
         out: WorkItem = self._run(engine.commit, lease, outcome)
         return out
 
     def commit_many(self, done: Sequence[tuple[Lease, Outcome]]) -> list[WorkItem | LeaseLost]:
-        return commit_each(self, done)
+        with self.db.tx() as t:
+            return self.commit_on(t, done)
+
+    def commit_on(self, t: Tables, done: Sequence[tuple[Lease, Outcome]]) -> list[WorkItem | LeaseLost]:
+        """:meth:`commit_many` in the open transaction of ``t``; a fenced
+        commit raises before it writes, so it costs the others nothing."""
+        out: list[WorkItem | LeaseLost] = []
+        for lease, outcome in done:
+            try:
+                out.append(engine.commit(MemoryTx(t, self.db.now()), lease, outcome))
+            except LeaseLost as exc:
+                out.append(exc)
+        return out
 
     def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> WorkItem:
         out: WorkItem = self._run(engine.cancel, job_id, tenant, reason)
@@ -264,12 +281,16 @@ class MemoryStore:
             t.items[item.id] = wi.evolve(item, checkpoint=json.loads(state))  # JSON text, as a column holds it
 
     def record_poison(self, raw: str, reason: str) -> bool:
-        digest = hashlib.sha256(raw.encode()).hexdigest()
         with self.db.tx() as t:
-            if digest in t.poison:
-                return False
-            t.poison[digest] = {"digest": digest, "raw": raw[:65536], "reason": reason, "created_at": self.db.now()}
-            return True
+            return self.poison_on(t, raw, reason)
+
+    def poison_on(self, t: Tables, raw: str, reason: str) -> bool:
+        """:meth:`record_poison` in the open transaction of ``t``."""
+        digest = hashlib.sha256(raw.encode()).hexdigest()
+        if digest in t.poison:
+            return False
+        t.poison[digest] = {"digest": digest, "raw": raw[:65536], "reason": reason, "created_at": self.db.now()}
+        return True
 
     def poison(self, *, limit: int) -> list[dict[str, Any]]:
         with self.db.read() as t:

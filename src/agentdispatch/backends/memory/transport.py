@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ...transports.base import Delivery, Receipt, ack_each, get_each
 from .db import MemoryDb, QueueRow, Tables
@@ -25,8 +24,6 @@ class MemoryTransport:
 
     name = "memory"
     redeliver_after_s = 1.0
-    shared_database = True
-    claims_with_commit = 1_000
 
     def __init__(self, db: MemoryDb) -> None:
         self.db = db
@@ -67,15 +64,19 @@ class MemoryTransport:
 
     def _get_once(self, owner: str, visibility_s: float) -> Delivery | None:
         with self.db.tx() as t:
-            now = self.db.now()
-            row = self._pick(t, now)
-            if row is None:
-                return None
-            row = replace(
-                row, claimed_by=owner, claimed_at=now, visible_at=now + visibility_s, deliveries=row.deliveries + 1
-            )
-            t.queue[row.id] = row
-            t.tenant_served[row.tenant] = t.next_id("served")
+            return self.get_on(t, owner, visibility_s)
+
+    def get_on(self, t: Tables, owner: str, visibility_s: float) -> Delivery | None:
+        """Deliver the next envelope to ``owner`` in the open transaction of ``t``."""
+        now = self.db.now()
+        row = self._pick(t, now)
+        if row is None:
+            return None
+        row = replace(
+            row, claimed_by=owner, claimed_at=now, visible_at=now + visibility_s, deliveries=row.deliveries + 1
+        )
+        t.queue[row.id] = row
+        t.tenant_served[row.tenant] = t.next_id("served")
         return Delivery(raw=row.envelope, receipt=Receipt(owner, now, row.id), deliveries=row.deliveries)
 
     def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
@@ -101,24 +102,28 @@ class MemoryTransport:
 
     def ack(self, delivery: Delivery) -> bool:
         with self.db.tx() as t:
-            row = self._owned(t, delivery)
-            if row is None:
-                return False
-            del t.queue[row.id]
-            return True
+            return self.ack_on(t, delivery)
+
+    def ack_on(self, t: Tables, delivery: Delivery) -> bool:
+        """:meth:`ack` in the open transaction of ``t``."""
+        row = self._owned(t, delivery)
+        if row is None:
+            return False
+        del t.queue[row.id]
+        return True
 
     def ack_many(self, deliveries: Sequence[Delivery]) -> list[bool]:
         return ack_each(self, deliveries)
 
     def release(self, delivery: Delivery, delay_s: float) -> None:
         with self.db.tx() as t:
-            row = self._owned(t, delivery)
-            if row is not None:
-                t.queue[row.id] = replace(row, visible_at=self.db.now() + delay_s, claimed_by=None, claimed_at=None)
+            self.release_on(t, delivery, delay_s)
 
-    def atomic(self, durable: bool) -> AbstractContextManager[Any]:
-        """Store and queue share one :class:`MemoryDb`: one transaction for both."""
-        return self.db.tx()
+    def release_on(self, t: Tables, delivery: Delivery, delay_s: float) -> None:
+        """:meth:`release` in the open transaction of ``t``."""
+        row = self._owned(t, delivery)
+        if row is not None:
+            t.queue[row.id] = replace(row, visible_at=self.db.now() + delay_s, claimed_by=None, claimed_at=None)
 
     def depth(self) -> int:
         now = self.db.now()

@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
@@ -193,17 +191,6 @@ def probe(uri: str) -> None:
         raise TaskQueueUnavailable(f"cannot connect to PostgreSQL at STATE_DB_URI: {connection_cause(exc)}") from None
 
 
-@dataclass(frozen=True, eq=False)
-class ItemRead:
-    """An item row read by the statement that delivered the item, carried on
-    its :class:`Delivery` to the claim; ``scope`` names the transaction it was
-    read in (it serves no other: outside it the row locks are gone)."""
-
-    job_id: str
-    row: dict[str, Any]
-    scope: object
-
-
 class PgDb:
     """A pool of autocommit connections and the transaction runner."""
 
@@ -227,7 +214,6 @@ class PgDb:
             reconnect_timeout=3600.0,
         )
         self.pool.open(wait=False)
-        self._local = threading.local()
 
     def close(self) -> None:
         """Close the pool and every connection."""
@@ -307,61 +293,14 @@ class PgDb:
 
     @contextmanager
     def transaction(self, durable: bool) -> Iterator[Conn]:
-        """One transaction on a pooled connection (no retry). Non-durable
+        """One transaction on a pooled connection (no retry), whose connection
+        the caller passes to every statement of it (the worker's batch verbs
+        run queue and store statements so: see ``flow.py``). Non-durable
         transactions commit asynchronously: losing one in a crash is safe,
         because the next durable commit flushes the WAL written before it."""
         try:
             with self._connection() as conn, self._begin(conn, durable):
                 yield conn
-        except psycopg.Error as exc:
-            raise self._unavailable(exc, "transaction") from None
-
-    @contextmanager
-    def atomic(self, durable: bool) -> Iterator[Conn]:
-        """One transaction that every :meth:`run` of this thread joins until it
-        ends (a claim with its delivery, a commit with its acknowledgement)."""
-        current: Conn | None = getattr(self._local, "conn", None)
-        if current is not None:
-            if durable and not self._local.durable:
-                current.defer(SYNC_COMMIT, None)
-                self._local.durable = True
-            yield current
-            return
-        with self.transaction(durable) as conn:
-            self._local.conn = conn
-            self._local.durable = durable
-            self._local.scope = object()
-            try:
-                yield conn
-            finally:
-                self._local.conn = None
-                self._local.scope = None
-
-    def joined(self) -> bool:
-        """Whether this thread is inside :meth:`atomic`."""
-        return getattr(self._local, "conn", None) is not None
-
-    def read_here(self, job_id: str, row: dict[str, Any]) -> ItemRead | None:
-        """An item read (``dispatch_item_read``) made by a statement of this
-        thread's :meth:`atomic` transaction, for the claim that follows in it
-        (the transport's get reads the item it delivers); None outside one."""
-        scope = getattr(self._local, "scope", None)
-        return None if scope is None else ItemRead(job_id, row, scope)
-
-    def still_current(self, read: object) -> dict[str, Any] | None:
-        """The row of ``read`` if it was made in the transaction still open
-        here: its row locks still hold, so it is not stale."""
-        if not isinstance(read, ItemRead) or read.scope is not getattr(self._local, "scope", None):
-            return None
-        return read.row
-
-    def _joined(self, fn: Callable[[Conn], T], conn: Conn, durable: bool) -> T:
-        # Inside atomic(): no retry of our own, the outer transaction decides.
-        try:
-            if durable and not self._local.durable:
-                conn.defer(SYNC_COMMIT, None)
-                self._local.durable = True
-            return fn(conn)
         except psycopg.Error as exc:
             raise self._unavailable(exc, "transaction") from None
 
@@ -380,9 +319,6 @@ class PgDb:
         the connection dies during COMMIT the outcome is unknown: only an
         ``idempotent`` transaction is retried then. ``single``: ``fn`` runs one
         statement in autocommit (one round trip; always durable)."""
-        current: Conn | None = getattr(self._local, "conn", None)
-        if current is not None:
-            return self._joined(fn, current, durable)
         deadline = time.monotonic() + patience_s
         attempt = 0
         while True:

@@ -48,7 +48,7 @@ from ...stores.rows import (
     worker_from_row,
 )
 from ...workitem import Lease, Outcome, Status, WorkItem
-from .db import Conn, ItemRead, PgDb, describe, scalar
+from .db import Conn, PgDb, describe, scalar
 from .tx import SMALL_SUBMISSION, PostgresTx, Q
 
 T = TypeVar("T")
@@ -235,35 +235,26 @@ class PostgresStore:
                 )
         return [Accepted(written[a.item.id], created=a.created) for a in accepted]
 
-    # The hot path reads the clock, the locked item (and for a claim the
-    # session gate) in one round trip and writes back in one statement; a
-    # batch reads with the get that delivered it and writes in one statement.
-    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float, read: object = None) -> Claim:
-        return self.claim_many([(job_id, tenant)], owner=owner, ttl_s=ttl_s, reads=[read])[0]
+    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
+        return self.claim_many([(job_id, tenant)], owner=owner, ttl_s=ttl_s)[0]
 
-    def claim_many(
-        self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float, reads: Sequence[object] = ()
+    def claim_many(self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float) -> list[Claim]:
+        return self._run(lambda tx: _claims(tx, [(j, t, None) for j, t in jobs], owner, ttl_s))
+
+    def _on(self, conn: Conn, op: Callable[[PostgresTx], T]) -> T:
+        """``op`` in the open transaction of ``conn`` (a batch verb's: see flow.py)."""
+        tx = PostgresTx(conn, self._key())
+        result = op(tx)
+        tx.flush(last=True)  # may ride with the next statement or the COMMIT
+        return result
+
+    def claim_on(
+        self, conn: Conn, jobs: Sequence[tuple[str, str, dict[str, Any] | None]], *, owner: str, ttl_s: float
     ) -> list[Claim]:
-        given = list(reads) + [None] * (len(jobs) - len(reads))
-
-        def op(tx: PostgresTx) -> list[Claim]:
-            out = []
-            for (job_id, tenant), carried in zip(jobs, given, strict=False):
-                read = self._read_of(job_id, carried)  # made by the get that delivered it
-                if read is None:
-                    tx.read_item(job_id, session=True)
-                else:
-                    tx.use_read(job_id, read, session=True)
-                out.append(engine.claim(tx, job_id, tenant, owner, ttl_s))
-            return out
-
-        return self._run(op)
-
-    def _read_of(self, job_id: str, read: object) -> dict[str, Any] | None:
-        """The delivering get's read of ``job_id`` when it is from the
-        transaction this claim runs in (else the claim reads the item itself)."""
-        row = self.db.still_current(read)
-        return row if row is not None and isinstance(read, ItemRead) and read.job_id == job_id else None
+        """:meth:`claim_many` in the open transaction of ``conn``; each job's
+        third member is the item row the get that delivered it read in this
+        transaction (its locks still hold, so it is not stale), or None."""
+        return self._on(conn, lambda tx: _claims(tx, jobs, owner, ttl_s))
 
     def renew(self, lease: Lease, ttl_s: float) -> Lease:
         def op(tx: PostgresTx) -> Lease:
@@ -275,23 +266,11 @@ class PostgresStore:
     def renew_many(self, leases: Sequence[Lease], ttl_s: float) -> list[Lease | LeaseLost]:
         if not leases:
             return []
-        params = {
-            "ids": [x.job_id for x in leases],
-            "tenants": [x.tenant for x in leases],
-            "owners": [x.owner for x in leases],
-            "epochs": [x.epoch for x in leases],
-            "tokens": [x.token for x in leases],
-            "ttl": ttl_s,
-        }
+        return self._run(lambda tx: _renewals(tx, leases, ttl_s), idempotent=True)
 
-        def op(tx: PostgresTx) -> list[Lease | LeaseLost]:
-            # One UPDATE renews every live lease (rows locked in id order, as
-            # every batch locks them); only a refused one is read back.
-            rows = tx.c.execute(Q["renew_many"], params).fetchall()
-            done = {(r["id"], r["lease_token"]): float(r["lease_expires_at"]) for r in rows}
-            return engine.renewed(tx, leases, done)
-
-        return self._run(op, idempotent=True)
+    def renew_on(self, conn: Conn, leases: Sequence[Lease], ttl_s: float) -> list[Lease | LeaseLost]:
+        """:meth:`renew_many` in the open transaction of ``conn``."""
+        return self._on(conn, lambda tx: _renewals(tx, leases, ttl_s))
 
     def commit(self, lease: Lease, outcome: Outcome) -> WorkItem:
         done = self.commit_many([(lease, outcome)])[0]
@@ -300,21 +279,12 @@ class PostgresStore:
         return done
 
     def commit_many(self, done: Sequence[tuple[Lease, Outcome]]) -> list[WorkItem | LeaseLost]:
-        def op(tx: PostgresTx) -> list[WorkItem | LeaseLost]:
-            if len(done) == 1:
-                tx.read_item(done[0][0].job_id)  # one plain function call
-            else:
-                tx.read_items([lease.job_id for lease, _ in done])
-            out: list[WorkItem | LeaseLost] = []
-            for lease, outcome in done:
-                try:
-                    out.append(engine.commit(tx, lease, outcome))
-                except LeaseLost as exc:  # raised before it writes anything
-                    out.append(exc)
-            return out
-
         # Idempotent: a repeat of the same fenced commits is a no-op.
-        return self._run(op, durable=True, idempotent=True, patience_s=WORKER_PATIENCE_S)
+        return self._run(lambda tx: _commits(tx, done), durable=True, idempotent=True, patience_s=WORKER_PATIENCE_S)
+
+    def commit_on(self, conn: Conn, done: Sequence[tuple[Lease, Outcome]]) -> list[WorkItem | LeaseLost]:
+        """:meth:`commit_many` in the open transaction of ``conn``."""
+        return self._on(conn, lambda tx: _commits(tx, done))
 
     def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> WorkItem:
         return self._run(lambda tx: engine.cancel(tx, job_id, tenant, reason), durable=True, idempotent=True)
@@ -489,13 +459,13 @@ class PostgresStore:
             raise LeaseLost(f"job {lease.job_id}: lease epoch {lease.epoch} is no longer live; checkpoint not saved")
 
     def record_poison(self, raw: str, reason: str) -> bool:
-        digest = hashlib.sha256(raw.encode()).hexdigest()
+        return self._run(
+            lambda tx: _poison(tx, raw, reason), durable=True, idempotent=True, patience_s=WORKER_PATIENCE_S
+        )
 
-        def op(tx: PostgresTx) -> bool:
-            cur = tx.c.execute(Q["record_poison"], (digest, raw[:65536], reason, tx.now()))
-            return cur.fetchone() is not None
-
-        return self._run(op, durable=True, idempotent=True, patience_s=WORKER_PATIENCE_S)
+    def poison_on(self, conn: Conn, raw: str, reason: str) -> bool:
+        """:meth:`record_poison` in the open transaction of ``conn``."""
+        return self._on(conn, lambda tx: _poison(tx, raw, reason))
 
     def poison(self, *, limit: int) -> list[dict[str, Any]]:
         rows = self.db.read(lambda c: c.execute(Q["poison"], {"limit": limit}).fetchall())
@@ -579,3 +549,57 @@ class PostgresStore:
     def describe_error(self, exc: BaseException) -> str:
         """A credential-free description of a database error (for doctor)."""
         return describe(exc)
+
+
+# The worker's writes, each over one open transaction (see PostgresStore).
+# The hot path reads the clock, the locked item (and for a claim the session
+# gate) in one round trip and writes back in one statement; a batch reads with
+# the get that delivered it and writes in one statement.
+
+
+def _claims(
+    tx: PostgresTx, jobs: Sequence[tuple[str, str, dict[str, Any] | None]], owner: str, ttl_s: float
+) -> list[Claim]:
+    out = []
+    for job_id, tenant, read in jobs:
+        if read is None:
+            tx.read_item(job_id, session=True)
+        else:
+            tx.use_read(job_id, read, session=True)
+        out.append(engine.claim(tx, job_id, tenant, owner, ttl_s))
+    return out
+
+
+def _renewals(tx: PostgresTx, leases: Sequence[Lease], ttl_s: float) -> list[Lease | LeaseLost]:
+    params = {
+        "ids": [x.job_id for x in leases],
+        "tenants": [x.tenant for x in leases],
+        "owners": [x.owner for x in leases],
+        "epochs": [x.epoch for x in leases],
+        "tokens": [x.token for x in leases],
+        "ttl": ttl_s,
+    }
+    # One UPDATE renews every live lease (rows locked in id order, as every
+    # batch locks them); only a refused one is read back.
+    rows = tx.c.execute(Q["renew_many"], params).fetchall()
+    done = {(r["id"], r["lease_token"]): float(r["lease_expires_at"]) for r in rows}
+    return engine.renewed(tx, leases, done)
+
+
+def _commits(tx: PostgresTx, done: Sequence[tuple[Lease, Outcome]]) -> list[WorkItem | LeaseLost]:
+    if len(done) == 1:
+        tx.read_item(done[0][0].job_id)  # one plain function call
+    else:
+        tx.read_items([lease.job_id for lease, _ in done])
+    out: list[WorkItem | LeaseLost] = []
+    for lease, outcome in done:
+        try:
+            out.append(engine.commit(tx, lease, outcome))
+        except LeaseLost as exc:  # raised before it writes anything
+            out.append(exc)
+    return out
+
+
+def _poison(tx: PostgresTx, raw: str, reason: str) -> bool:
+    digest = hashlib.sha256(raw.encode()).hexdigest()
+    return tx.c.execute(Q["record_poison"], (digest, raw[:65536], reason, tx.now())).fetchone() is not None

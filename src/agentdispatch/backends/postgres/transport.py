@@ -13,7 +13,6 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -127,8 +126,6 @@ class PostgresTransport:
 
     name = "postgres"
     redeliver_after_s = 1.0
-    shared_database = True
-    claims_with_commit = 1  # the fair claim marks tenant and group rows
 
     def __init__(
         self, store: Store, *, poll_s: float = 0.25, fallback_poll_s: float = 0.05, listen: bool = True
@@ -175,29 +172,31 @@ class PostgresTransport:
         return 0
 
     def _claim(self, owner: str, visibility_s: float, n: int) -> list[Delivery]:
-        # Inside a transaction that goes on to claim the items, read them too.
-        read = self.db.joined()
-        params = {"owner": owner, "vis": visibility_s, "n": n, "read": read}
-        self._local.seen = self._last_seen = self._wake.generation()
-
-        def claim(conn: Conn) -> list[dict[str, Any]]:
-            # A function call (its plans are cached inside): a pending BEGIN rides with it.
-            return conn.execute(Q["get"], params).fetchall()
-
         # One statement in autocommit: one round trip. Retrying after a lost
         # connection is safe: a claim that did commit only delays those rows.
-        rows = self.db.run(claim, single=True, idempotent=True)
-        out = []
-        for row in rows:
-            out.append(
+        got = self.db.run(lambda c: self.get_on(c, owner, visibility_s, n, read=False), single=True, idempotent=True)
+        return [d for d, _ in got]
+
+    def get_on(
+        self, conn: Conn, owner: str, visibility_s: float, n: int, *, read: bool
+    ) -> list[tuple[Delivery, dict[str, Any] | None]]:
+        """Up to ``n`` turns in fair order on ``conn`` (one statement). With
+        ``read`` (inside a transaction that goes on to claim the items), each
+        comes with its item row, read and locked by the same statement."""
+        self._local.seen = self._last_seen = self._wake.generation()
+        # A function call (its plans are cached inside): a pending BEGIN rides with it.
+        rows = conn.execute(Q["get"], {"owner": owner, "vis": visibility_s, "n": n, "read": read}).fetchall()
+        return [
+            (
                 Delivery(
                     raw=row["envelope"],
                     receipt=Receipt(owner=owner, claimed_at=float(row["claimed_at"]), ref=int(row["id"])),
                     deliveries=int(row["deliveries"]),
-                    read=self.db.read_here(row["job_id"], row) if read and row["now"] is not None else None,
-                )
+                ),
+                row if read and row["now"] is not None else None,
             )
-        return out
+            for row in rows
+        ]
 
     def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
         deadline = time.monotonic() + wait_s
@@ -222,41 +221,17 @@ class PostgresTransport:
         poll = self.poll_s if listener is not None and listener.healthy else self.fallback_poll_s
         self._wake.wait(seen, min(poll, max(0.0, timeout_s)))
 
-    def _receipt(self, delivery: Delivery) -> dict[str, Any]:
-        r = delivery.receipt
-        return {"id": r.ref, "owner": r.owner, "claimed_at": r.claimed_at}
-
     def ack(self, delivery: Delivery) -> bool:
-        params = self._receipt(delivery)
-
-        def op(conn: Conn) -> bool:
-            return conn.execute(Q["ack"], params).fetchone() is not None
-
-        # A lost ack is only a redelivery (the store then answers "skipped").
-        return self.db.run(op, single=True, idempotent=True, patience_s=5.0)
+        return self.ack_many([delivery])[0]
 
     def ack_many(self, deliveries: Sequence[Delivery]) -> list[bool]:
-        if len(deliveries) <= 1:
-            return [self.ack(d) for d in deliveries]
-        params = {
-            "ids": [d.receipt.ref for d in deliveries],
-            "owners": [d.receipt.owner for d in deliveries],
-            "claimed_at": [d.receipt.claimed_at for d in deliveries],
-        }
-
-        def op(conn: Conn) -> set[int]:
-            return {int(r["id"]) for r in conn.execute(Q["ack_many"], params, binary=True).fetchall()}
-
-        gone = self.db.run(op, single=True, idempotent=True, patience_s=5.0)
-        return [d.receipt.ref in gone for d in deliveries]
+        if not deliveries:
+            return []
+        # A lost ack is only a redelivery (the store then answers "skipped").
+        return self.db.run(lambda c: ack_on(c, deliveries), single=True, idempotent=True, patience_s=5.0)
 
     def release(self, delivery: Delivery, delay_s: float) -> None:
-        params = {**self._receipt(delivery), "delay": max(0.0, delay_s)}
-        self.db.run(lambda c: c.execute(Q["release"], params), single=True, idempotent=True)
-
-    def atomic(self, durable: bool) -> AbstractContextManager[Any]:
-        """Store and queue share this database: one transaction for both."""
-        return self.db.atomic(durable)
+        self.db.run(lambda c: release_on(c, delivery, delay_s), single=True, idempotent=True)
 
     def depth(self) -> int:
         try:
@@ -272,3 +247,30 @@ class PostgresTransport:
             listener, self._listener = self._listener, None
         if listener is not None:
             listener.stop()
+
+
+# The queue's statements on a connection: the transport's own (autocommit),
+# and the batch verbs' (see ``flow.py``) in a transaction with the store's.
+
+
+def _receipt(delivery: Delivery) -> dict[str, Any]:
+    r = delivery.receipt
+    return {"id": r.ref, "owner": r.owner, "claimed_at": r.claimed_at}
+
+
+def ack_on(conn: Conn, deliveries: Sequence[Delivery]) -> list[bool]:
+    """Delete the deliveries' rows still owned by their receipts (one statement)."""
+    if len(deliveries) == 1:
+        return [conn.execute(Q["ack"], _receipt(deliveries[0])).fetchone() is not None]
+    params = {
+        "ids": [d.receipt.ref for d in deliveries],
+        "owners": [d.receipt.owner for d in deliveries],
+        "claimed_at": [d.receipt.claimed_at for d in deliveries],
+    }
+    gone = {int(r["id"]) for r in conn.execute(Q["ack_many"], params, binary=True).fetchall()}
+    return [d.receipt.ref in gone for d in deliveries]
+
+
+def release_on(conn: Conn, delivery: Delivery, delay_s: float) -> None:
+    """Make the delivery's row visible again after ``delay_s``."""
+    conn.execute(Q["release"], {**_receipt(delivery), "delay": max(0.0, delay_s)})

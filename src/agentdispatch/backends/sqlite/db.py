@@ -9,7 +9,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 
 from ...errors import TaskQueueUnavailable
@@ -81,32 +81,11 @@ class SqliteDb:
             setattr(self._local, attr, conn)
         return conn
 
-    def joined(self) -> bool:
-        """Whether this thread is inside :meth:`atomic`."""
-        return getattr(self._local, "current", None) is not None
-
-    @contextmanager
-    def atomic(self, durable: bool) -> Iterator[sqlite3.Connection]:
-        """One transaction that every :meth:`tx` of this thread joins until it
-        ends (so a claim and its delivery, or a commit and its ack, are one
-        write). Its durability is the outer one."""
-        if self.joined():
-            yield self._local.current
-            return
-        with self.tx(durable) as conn:
-            self._local.current = conn
-            try:
-                yield conn
-            finally:
-                self._local.current = None
-
     def tx(self, durable: bool = False) -> AbstractContextManager[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` write transaction (or the open :meth:`atomic`,
-        joined at the cost of a plain attribute read: several times a turn).
-        Durable ones are group-committed with those of other threads."""
-        current: sqlite3.Connection | None = getattr(self._local, "current", None)
-        if current is not None:
-            return nullcontext(current)
+        """One ``BEGIN IMMEDIATE`` write transaction on this thread's connection;
+        durable ones are group-committed with those of other threads. A
+        caller that writes store and queue rows together passes the
+        connection on (see ``flow.py``): nothing here joins it implicitly."""
         return self._durable() if durable else self._immediate()
 
     @contextmanager

@@ -31,8 +31,6 @@ from ...stores.base import (
     SweepReport,
     TenantCount,
     WorkerRow,
-    claim_each,
-    commit_each,
 )
 from ...stores.rows import (
     advance_params,
@@ -320,19 +318,28 @@ class SqliteStore:
             tx.c.execute(Q["set_timeouts"], (json.dumps(pairs),))
         return accepted
 
-    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float, read: object = None) -> Claim:
+    def claim(self, job_id: str, tenant: str, *, owner: str, ttl_s: float) -> Claim:
         with self._tx() as tx:
             tx.read_item(job_id, session=True)
             return engine.claim(tx, job_id, tenant, owner, ttl_s)
 
-    def claim_many(
-        self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float, reads: Sequence[object] = ()
+    def claim_many(self, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float) -> list[Claim]:
+        # One write transaction for the batch (a queue elsewhere, Kafka, would
+        # otherwise pay a transaction per claim).
+        with self.db.tx() as c:
+            return self.claim_on(c, jobs, owner=owner, ttl_s=ttl_s)
+
+    def claim_on(
+        self, c: sqlite3.Connection, jobs: Sequence[tuple[str, str]], *, owner: str, ttl_s: float
     ) -> list[Claim]:
-        # One write transaction for the batch. A transport in this database
-        # opened it already (and this joins it); a transport elsewhere (Kafka)
-        # would otherwise pay a transaction per claim.
-        with self.db.atomic(durable=False):
-            return claim_each(self, jobs, owner=owner, ttl_s=ttl_s)
+        """:meth:`claim_many` in the open transaction of ``c``."""
+        key = self._key()
+        out: list[Claim] = []
+        for job_id, tenant in jobs:
+            tx = SqliteTx(c, key)  # one per claim: its clock and reads are its own
+            tx.read_item(job_id, session=True)
+            out.append(engine.claim(tx, job_id, tenant, owner, ttl_s))
+        return out
 
     def renew(self, lease: Lease, ttl_s: float) -> Lease:
         with self._tx() as tx:
@@ -341,14 +348,19 @@ class SqliteStore:
     def renew_many(self, leases: Sequence[Lease], ttl_s: float) -> list[Lease | LeaseLost]:
         if not leases:
             return []
-        with self._tx() as tx:
-            # One UPDATE renews every live lease: its cost is the rows it
-            # rewrites, not a statement (and item decode) per lease.
-            now = tx.now()
-            payload = json.dumps([[x.job_id, x.tenant, x.owner, x.epoch, x.token] for x in leases])
-            rows = tx.c.execute(Q["renew_many"], {"leases": payload, "now": now, "until": now + ttl_s})
-            done = {(r[0], r[1]): float(r[2]) for r in rows}
-            return engine.renewed(tx, leases, done)
+        with self.db.tx() as c:
+            return self.renew_on(c, leases, ttl_s)
+
+    def renew_on(self, c: sqlite3.Connection, leases: Sequence[Lease], ttl_s: float) -> list[Lease | LeaseLost]:
+        """:meth:`renew_many` in the open transaction of ``c``."""
+        tx = SqliteTx(c, self._key())
+        # One UPDATE renews every live lease: its cost is the rows it
+        # rewrites, not a statement (and item decode) per lease.
+        now = tx.now()
+        payload = json.dumps([[x.job_id, x.tenant, x.owner, x.epoch, x.token] for x in leases])
+        rows = tx.c.execute(Q["renew_many"], {"leases": payload, "now": now, "until": now + ttl_s})
+        done = {(r[0], r[1]): float(r[2]) for r in rows}
+        return engine.renewed(tx, leases, done)
 
     def commit(self, lease: Lease, outcome: Outcome) -> WorkItem:
         with self._tx(durable=True) as tx:
@@ -356,10 +368,23 @@ class SqliteStore:
             return engine.commit(tx, lease, outcome)
 
     def commit_many(self, done: Sequence[tuple[Lease, Outcome]]) -> list[WorkItem | LeaseLost]:
-        # One durable transaction (one fsync) for the batch, as above; a
-        # fenced commit raises before it writes, so it costs the others nothing.
-        with self.db.atomic(durable=True):
-            return commit_each(self, done)
+        # One durable transaction (one fsync) for the batch, as above.
+        with self.db.tx(durable=True) as c:
+            return self.commit_on(c, done)
+
+    def commit_on(self, c: sqlite3.Connection, done: Sequence[tuple[Lease, Outcome]]) -> list[WorkItem | LeaseLost]:
+        """:meth:`commit_many` in the open transaction of ``c``; a fenced
+        commit raises before it writes, so it costs the others nothing."""
+        key = self._key()
+        out: list[WorkItem | LeaseLost] = []
+        for lease, outcome in done:
+            tx = SqliteTx(c, key)
+            tx.read_item(lease.job_id)
+            try:
+                out.append(engine.commit(tx, lease, outcome))
+            except LeaseLost as exc:
+                out.append(exc)
+        return out
 
     def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> WorkItem:
         with self._tx(durable=True) as tx:
@@ -472,10 +497,13 @@ class SqliteStore:
                 raise _checkpoint_fenced(lease)
 
     def record_poison(self, raw: str, reason: str) -> bool:
+        with self.db.tx(durable=True) as c:
+            return self.poison_on(c, raw, reason)
+
+    def poison_on(self, c: sqlite3.Connection, raw: str, reason: str) -> bool:
+        """:meth:`record_poison` in the open transaction of ``c``."""
         digest = hashlib.sha256(raw.encode()).hexdigest()
-        with self._tx(durable=True) as tx:
-            cur = tx.c.execute(Q["record_poison"], (digest, raw[:65536], reason, tx.now()))
-            return cur.rowcount == 1
+        return c.execute(Q["record_poison"], (digest, raw[:65536], reason, clock())).rowcount == 1
 
     def poison(self, *, limit: int) -> list[dict[str, Any]]:
         return [dict(r) for r in self.db.conn().execute(Q["poison"], (limit,))]

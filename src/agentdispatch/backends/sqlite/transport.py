@@ -7,8 +7,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ...errors import DepthUnavailable, TaskQueueUnavailable
 from ...sqlfiles import Queries
@@ -26,10 +25,6 @@ class SqliteTransport:
 
     name = "sqlite"
     redeliver_after_s = 1.0
-    shared_database = True
-    # One writer at a time: a claim riding in a commit's transaction holds no
-    # fairness mark back from other claimants (they wait for the write lock anyway).
-    claims_with_commit = 1_000
 
     def __init__(self, db: SqliteDb, *, poll_s: float = 0.05) -> None:
         self.db = db
@@ -51,16 +46,7 @@ class SqliteTransport:
 
     def _get_once(self, owner: str, visibility_s: float) -> Delivery | None:
         with self.db.tx() as c:
-            now = clock()
-            params = {"owner": owner, "now": now, "vis": visibility_s}
-            row = c.execute(Q["get"], params).fetchone()
-        if row is None:
-            return None
-        return Delivery(
-            raw=row["envelope"],
-            receipt=Receipt(owner=owner, claimed_at=now, ref=int(row["id"])),
-            deliveries=int(row["deliveries"]),
-        )
+            return get_on(c, owner, visibility_s)
 
     def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
         deadline = time.monotonic() + wait_s
@@ -75,13 +61,9 @@ class SqliteTransport:
         self._wake.wait(min(self.poll_s, max(0.0, timeout_s)))
         self._wake.clear()
 
-    def _receipt_params(self, delivery: Delivery) -> dict[str, object]:
-        r = delivery.receipt
-        return {"id": r.ref, "owner": r.owner, "claimed_at": r.claimed_at}
-
     def ack(self, delivery: Delivery) -> bool:
         with self.db.tx() as c:
-            return c.execute(Q["ack"], self._receipt_params(delivery)).rowcount == 1
+            return ack_on(c, delivery)
 
     def get_many(self, owner: str, n: int, *, visibility_s: float) -> list[Delivery]:
         return get_each(self, owner, n, visibility_s=visibility_s)
@@ -91,12 +73,7 @@ class SqliteTransport:
 
     def release(self, delivery: Delivery, delay_s: float) -> None:
         with self.db.tx() as c:
-            now = clock()
-            c.execute(Q["release"], {**self._receipt_params(delivery), "now": now, "delay": delay_s})
-
-    def atomic(self, durable: bool) -> AbstractContextManager[Any]:
-        """Store and queue share this file: one transaction for both."""
-        return self.db.atomic(durable)
+            release_on(c, delivery, delay_s)
 
     def depth(self) -> int:
         try:
@@ -108,3 +85,36 @@ class SqliteTransport:
 
     def close(self) -> None:
         """The connections belong to the shared :class:`SqliteDb` (closed by the store)."""
+
+
+# The queue's statements on an open transaction's connection: the transport's
+# own, and the batch verbs' (see ``flow.py``), which run them in a transaction
+# with the store's.
+
+
+def get_on(c: sqlite3.Connection, owner: str, visibility_s: float) -> Delivery | None:
+    """Deliver the next envelope in claim order to ``owner``."""
+    now = clock()
+    row = c.execute(Q["get"], {"owner": owner, "now": now, "vis": visibility_s}).fetchone()
+    if row is None:
+        return None
+    return Delivery(
+        raw=row["envelope"],
+        receipt=Receipt(owner=owner, claimed_at=now, ref=int(row["id"])),
+        deliveries=int(row["deliveries"]),
+    )
+
+
+def _receipt_params(delivery: Delivery) -> dict[str, object]:
+    r = delivery.receipt
+    return {"id": r.ref, "owner": r.owner, "claimed_at": r.claimed_at}
+
+
+def ack_on(c: sqlite3.Connection, delivery: Delivery) -> bool:
+    """Delete the delivery's row if its receipt still owns it."""
+    return c.execute(Q["ack"], _receipt_params(delivery)).rowcount == 1
+
+
+def release_on(c: sqlite3.Connection, delivery: Delivery, delay_s: float) -> None:
+    """Make the delivery's row visible again after ``delay_s``."""
+    c.execute(Q["release"], {**_receipt_params(delivery), "now": clock(), "delay": delay_s})
