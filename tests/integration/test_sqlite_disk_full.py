@@ -147,3 +147,27 @@ def test_a_database_that_is_no_longer_one_exits_the_worker_non_zero(tmp_path: Pa
         assert "unrecoverable error" in log.read_text()
     finally:
         h.close()
+
+
+def test_cli_on_a_full_disk_says_so_in_one_line(tmp_path: Path) -> None:
+    with small_disk(tmp_path / "disk", size="8m") as disk:
+        h = sqlite_harness(disk)
+        try:
+            job = h.dispatcher().submit(Submission(kind="echo")).job_id
+        finally:
+            h.close()
+        env = {**os.environ, **h.env}
+        filler = fill(disk)
+        for args in (["status", job], ["jobs"], ["submit", "echo"]):
+            proc = subprocess.run(
+                [sys.executable, "-m", "agentdispatch", *args], env=env, capture_output=True, text=True, timeout=60
+            )
+            out = (proc.stdout + proc.stderr).strip()
+            assert proc.returncode == 69, out
+            assert out.splitlines() == [out] and "the disk is full" in out, out
+            assert out.count("AGENT_DISPATCH_DATA_DIR") == 1, out
+        filler.unlink()
+        proc = subprocess.run(
+            [sys.executable, "-m", "agentdispatch", "status", job], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0, proc.stderr

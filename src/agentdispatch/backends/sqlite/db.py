@@ -5,6 +5,7 @@ acknowledgement."""
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import threading
 import time
@@ -15,6 +16,8 @@ from pathlib import Path
 from ...errors import TaskQueueUnavailable
 
 BUSY_TIMEOUT_MS = 30_000
+#: Free bytes under which an error opening or writing the file is read as a full disk.
+FULL_DISK_BYTES = 1 << 20
 
 
 def clock() -> float:
@@ -65,12 +68,25 @@ class SqliteDb:
         except (sqlite3.Error, OSError) as exc:
             if _corrupt(exc):
                 raise  # no retry mends it: callers stop (a worker exits non-zero)
-            raise TaskQueueUnavailable(
-                f"cannot open the SQLite queue ({type(exc).__name__}); check AGENT_DISPATCH_DATA_DIR"
-            ) from None
+            raise self._unavailable("cannot open the SQLite queue", exc) from None
         with self._lock:
             self._all.append(conn)
         return conn
+
+    def _unavailable(self, what: str, exc: BaseException) -> TaskQueueUnavailable:
+        """One line for the operator: a full disk said plainly (SQLite reports
+        it as several different errors), an error already explained as is."""
+        if isinstance(exc, TaskQueueUnavailable):
+            return exc
+        try:
+            full = shutil.disk_usage(self.path.parent).free < FULL_DISK_BYTES
+        except OSError:
+            full = False
+        if full:
+            return TaskQueueUnavailable(f"{what}: the disk is full; free space under AGENT_DISPATCH_DATA_DIR")
+        # SQLite's messages name no path; an OSError's would (kept out of logs).
+        detail = str(exc) if isinstance(exc, sqlite3.Error) else type(exc).__name__
+        return TaskQueueUnavailable(f"{what} ({detail}); check AGENT_DISPATCH_DATA_DIR")
 
     def conn(self, durable: bool = False) -> sqlite3.Connection:
         """This thread's connection of the given durability."""
@@ -97,7 +113,7 @@ class SqliteDb:
             except sqlite3.Error as exc:
                 if _corrupt(exc):
                     raise
-                raise TaskQueueUnavailable(f"SQLite queue unavailable ({exc}); check AGENT_DISPATCH_DATA_DIR") from None
+                raise self._unavailable("SQLite queue unavailable", exc) from None
             try:
                 yield conn
             except BaseException:
@@ -135,7 +151,7 @@ class SqliteDb:
         ok = False
         try:
             if batch.error is not None:
-                raise TaskQueueUnavailable(f"SQLite queue unavailable ({batch.error}); check AGENT_DISPATCH_DATA_DIR")
+                raise self._unavailable("SQLite queue unavailable", batch.error)
             assert batch.conn is not None
             with batch.turn:
                 conn = batch.conn
