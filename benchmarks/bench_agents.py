@@ -129,7 +129,8 @@ class Mock:
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [
             sys.executable, str(HERE / "mock_model.py"), "--port", str(self.port), "--mean-s", str(args.turn_s),
-            "--sigma", str(args.sigma), "--tokens", str(args.tokens), "--limit", str(args.model_limit),
+            "--sigma", str(args.sigma), "--tokens", str(args.tokens), "--chunks", str(args.chunks),
+            "--limit", str(args.model_limit),
         ]  # fmt: skip
         self.proc = subprocess.Popen(cmd, env=child_env({}))
         deadline = time.monotonic() + 30
@@ -372,6 +373,7 @@ def run_system(sysm: System, mock: Mock, args: argparse.Namespace) -> dict[str, 
         mock.reset()
         total = args.in_flight * args.rounds
         cpu0, tx0 = cpu_s(proc.pid), xact_commits(args.pg, sysm.pg_db)
+        mock_cpu0 = cpu_s(mock.proc.pid)
         t0 = time.time()
         backlog = [(f"b-{i}", {"submitted_at": 0.0, "i": i}) for i in range(total)]
         for _, p in backlog:
@@ -381,7 +383,7 @@ def run_system(sysm: System, mock: Mock, args: argparse.Namespace) -> dict[str, 
         submit_s = t1 - t0
         peak = [idle_rss]
         drained = wait_replies(mock, total, args.budget_s, proc.pid, peak, cut=True)
-        cpu1 = cpu_s(proc.pid)
+        cpu1, mock_cpu1 = cpu_s(proc.pid), cpu_s(mock.proc.pid)
         full = mock.stats(full=True)
         done = len(full["reply_times"])
         wall = max(full["reply_times"]) - t0 if drained else float("nan")
@@ -436,6 +438,7 @@ def run_system(sysm: System, mock: Mock, args: argparse.Namespace) -> dict[str, 
             "rss_total_per_turn_kib": peak[0] / max(1, full["peak"]),
             "idle_rss_mib": idle_rss / 1024,
             "cpu_ms_per_turn": 1000 * (cpu1 - cpu0) / total,
+            "mock_cpu_ms_per_turn": 1000 * (mock_cpu1 - mock_cpu0) / total,
             "tx_per_turn": (tx1 - tx0) / total if sysm.pg_db else None,
             "calls": full["calls"],
             "rejected": full["rejected"],
@@ -453,6 +456,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="backlog = in-flight x rounds turns")
     parser.add_argument("--sigma", type=float, default=0.25, help="log-normal sigma of the latency")
     parser.add_argument("--tokens", type=int, default=16, help="tokens streamed per call")
+    parser.add_argument("--chunks", type=int, default=4, help="writes a call's tokens are streamed in")
     parser.add_argument("--model-limit", type=int, default=0, help="mock answers 429 above this concurrency (0: none)")
     parser.add_argument(
         "--systems", default="bare,sqlite,postgres,celery,procrastinate", help="bare: the handler with no queue"
@@ -478,7 +482,7 @@ def main() -> None:
     os.environ["BENCH_MODEL_URL"] = mock.url
     print(
         f"bench_agents: {args.in_flight} in flight, turns of {args.turn_s:g} s mean (log-normal sigma {args.sigma:g}, "
-        f"{args.tokens} tokens streamed), backlog {args.in_flight * args.rounds}, model limit "
+        f"{args.tokens} tokens streamed in {args.chunks} chunks), backlog {args.in_flight * args.rounds}, model limit "
         f"{args.model_limit or 'none'}, python {sys.version.split()[0]}, {os.cpu_count()} cores"
     )
     results = []
@@ -529,7 +533,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
             f"  {r['name']}: {r['note']}; x ideal at its own concurrency {r['own_ratio']:.2f}; "
             f"idle RSS {r['idle_rss_mib']:.0f} MiB, backlog submitted in "
             f"{r['submit_s']:.2f} s, {r['done']} of {r['total']} done in {r['wall']:.2f} s (nan: cut at --budget-s), "
-            f"peak model concurrency {r['peak_model']}"
+            f"peak model concurrency {r['peak_model']}, mock CPU {r['mock_cpu_ms_per_turn']:.2f} ms/turn"
         )
     ours = [r for r in results if r["name"].startswith("agentdispatch")]
     others = [r for r in results if not r["name"].startswith("agentdispatch")]
