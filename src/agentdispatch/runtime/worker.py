@@ -216,7 +216,21 @@ class AsyncWorker:
                 self._beat_soon()
             if dry and not self.stopping:
                 # Not on the traffic thread: finished turns commit meanwhile.
-                await self._off(self._io, self.transport.wait, self.options.get_wait_s)
+                await self._off(self._io, self._wait_for_work, 2 * len(self.running) < self.limit.limit)
+
+    def _wait_for_work(self, idle: bool) -> None:
+        """Until the next claim is worth trying, after one that found the queue
+        dry. An idle worker (fewer than half its slots busy) on a store that
+        tells a new submission cheaply claims it within milliseconds; a busy
+        one waits for the transport's poll, which batches the claims of a
+        stream of arrivals into a few statements instead of one each."""
+        wait_s = self.options.get_wait_s
+        waker = getattr(self.store, "wait_for_submission", None)
+        if idle and waker is not None:
+            # At most the transport's own poll: a retry coming due is no new item.
+            waker(min(wait_s, getattr(self.transport, "poll_s", wait_s)))
+        else:
+            self.transport.wait(wait_s)
 
     def _start(self, c: Claimed, handlers: Executor) -> None:
         item, lease = c.claim.item, c.claim.lease
