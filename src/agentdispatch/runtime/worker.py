@@ -192,11 +192,15 @@ class AsyncWorker:
     async def _claimer(self, handlers: Executor) -> None:
         backoff = Backoff()
         while not self.stopping:
+            now = self.clock()
+            self.limit.tick(now, len(self.running))
             self.metrics.concurrency_limit.set(self.limit.limit)
-            delay = self.limit.claim_delay(self.clock())
+            delay = self.limit.claim_delay(now)
             free = self.limit.limit - len(self.running)
             if delay > 0 or free <= 0:
-                await self._nap(self._claim_wake, delay if delay > 0 else 1.0)
+                # Full: until a turn ends, or the slow start's next doubling.
+                ramp = self.limit.ramp_in(now)
+                await self._nap(self._claim_wake, delay if delay > 0 else 1.0 if ramp is None else min(1.0, ramp))
                 continue
             try:
                 claimed, dry = await self._off(self._claims, self.traffic.claim, min(free, self.options.claim_batch))
@@ -241,7 +245,7 @@ class AsyncWorker:
         guard.io = self._io
         self.observe.claimed(c.envelope, item, guard)
         guard.ledger = self.ledger.submit
-        r = Running(c.delivery, c.envelope, item, guard)
+        r = Running(c.delivery, c.envelope, item, guard, started_at=self.clock())
         loop = asyncio.get_running_loop()
 
         def lost(reason: str) -> None:
@@ -283,7 +287,7 @@ class AsyncWorker:
             self.metrics.in_flight.set(len(self.running))
         now = self.clock()
         if r.overload is not None:
-            self.limit.overloaded(now, r.overload.retry_after_s)
+            self.limit.overloaded(now, r.overload.retry_after_s, started_at=r.started_at)
         elif outcome is not None and outcome.ok:
             self.limit.succeeded(now)
         if outcome is None or r.stop is not None:
