@@ -112,8 +112,8 @@ class ConcurrencyLimit:
     seconds).
 
     * **Slow start.** The limit starts at ``initial`` and grows by
-      ``ramp_factor`` once the turns in flight have filled it for
-      ``ramp_every_s`` without an overload (see :meth:`tick`; long enough for
+      ``ramp_factor`` ``ramp_every_s`` after the turns in flight first filled
+      it, if no overload came (see :meth:`tick`; long enough for
       the turns just started to reach the gateway and be refused), up to
       ``ceiling``, until the first overload: a worker whose gateway takes
       fewer calls than its ceiling overshoots by one step (at most half the
@@ -161,15 +161,16 @@ class ConcurrencyLimit:
         self._ramping = self._ramping and self.limit < self.ceiling
 
     def tick(self, now: float, in_flight: int) -> None:
-        """Slow start: raise the limit by ``ramp_factor`` once ``in_flight``
-        has filled it for ``ramp_every_s`` (a limit that claims have not
+        """Slow start: raise the limit by ``ramp_factor`` ``ramp_every_s``
+        after ``in_flight`` first reached it (a limit that claims have not
         filled yet has not been tried against the gateway)."""
         if not self._ramping:
             return
-        if in_flight < self.limit:
-            self._full_since = None
-        elif self._full_since is None:
-            self._full_since = now
+        if self._full_since is None:
+            # Dips below the limit later do not restart the wait: turns end
+            # and are replaced all the time, and the gateway saw the limit.
+            if in_flight >= self.limit:
+                self._full_since = now
         elif now - self._full_since >= self.ramp_every_s:
             self.limit = min(self.ceiling, max(self.limit + 1, round(self.limit * self.ramp_factor)))
             self._full_since = None

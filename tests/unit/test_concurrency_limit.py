@@ -54,16 +54,16 @@ def test_the_default_step_is_two_percent_of_the_limit_in_force():
     assert lim.limit == 357  # +7, not +100 (one percent of the ceiling)
 
 
-def test_slow_start_grows_once_the_limit_was_full_for_a_period():
+def test_slow_start_grows_a_period_after_the_limit_was_filled():
     lim = ConcurrencyLimit(ceiling=2000, initial=256, ramp_every_s=0.5, ramp_factor=1.5)
     assert lim.limit == 256
     lim.tick(0.0, 100)
     lim.tick(1.0, 100)
     assert lim.limit == 256  # never filled: never tried against the gateway
-    lim.tick(1.1, 256)  # full from here
+    lim.tick(1.1, 256)  # filled here
     assert lim.ramp_in(1.2) == pytest.approx(0.4)
     lim.tick(1.5, 256)
-    assert lim.limit == 256  # full, but not for a period yet
+    assert lim.limit == 256  # filled, but not a period ago yet
     seen = []
     for t in (1.6, 1.7, 2.2, 2.3, 2.8, 2.9, 3.4):
         lim.tick(t, lim.limit)
@@ -74,6 +74,14 @@ def test_slow_start_grows_once_the_limit_was_full_for_a_period():
     assert (lim.limit, lim.ramp_in(5.2)) == (2000, None)  # capped at the ceiling: done
     lim.succeeded(6.0)
     assert lim.limit == 2000
+
+
+def test_slow_start_is_not_held_back_by_turns_ending_and_being_replaced():
+    lim = ConcurrencyLimit(ceiling=2000, initial=256, ramp_every_s=0.5, ramp_factor=1.5)
+    lim.tick(0.0, 256)
+    lim.tick(0.2, 250)  # a few turns ended, their replacements not claimed yet
+    lim.tick(0.5, 251)
+    assert lim.limit == 384
 
 
 def test_overload_ends_the_slow_start():
