@@ -414,8 +414,8 @@ class Sampler:
     """What the backlog looks like while it runs: the model's concurrency at each
     poll, the worker's concurrency limit (once a second), and the cancel probe:
     once the first wave has run a mean latency, ``--cancels`` turns that started
-    within the last second are cancelled, and the mock tells when each one's
-    stream was dropped."""
+    most recently (within half a mean latency) are cancelled, and the mock tells
+    when each one's stream was dropped."""
 
     def __init__(self, sysm: System, mock: Mock, args: argparse.Namespace, t1: float) -> None:
         self.sysm, self.mock, self.args = sysm, mock, args
@@ -437,9 +437,13 @@ class Sampler:
                 self.limits.append((now, limit))
         if now >= self.cancel_at and self.sysm.cancel is not None:
             self.cancel_at = float("inf")
+            # The latest starts the mock has seen, within half a mean latency
+            # (still running, most of them): on a loaded machine a start reaches
+            # the mock a while after the handler stamped it.
             starts = self.mock.stats(full=True)["starts"]
-            recent = [job for job, _, started in starts if started >= now - 1.0 and job.startswith("b-")]
-            for job in recent[: self.args.cancels]:
+            recent = sorted(((started, job) for job, _, started in starts if job.startswith("b-")), reverse=True)
+            horizon = now - max(1.0, self.args.turn_s / 2)
+            for _, job in [x for x in recent if x[0] >= horizon][: self.args.cancels]:
                 self.cancelled[job] = time.time()
                 self.sysm.cancel(job)
 
