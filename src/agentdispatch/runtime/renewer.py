@@ -21,8 +21,10 @@ class BatchRenewer:
     a busy event loop never makes a renewal late.
 
     When the earliest guard is due, every guard due within half a renew period
-    is renewed too (early renewal is harmless and shares the statement): at
-    most about two statements a period, however many turns are in flight.
+    is renewed too (early renewal is harmless and shares the round): about two
+    rounds a period however many turns are in flight, each a statement per
+    :attr:`CHUNK` leases, earliest due first, so that the first leases' commit
+    does not wait for thousands of others.
 
     A batch starts ahead of its due time by twice the slowest of the recent
     batches (at most a quarter of a period): renewing thousands of leases on
@@ -32,6 +34,8 @@ class BatchRenewer:
 
     #: The lead before any batch was timed (seconds).
     FIRST_LEAD_S = 1.0
+    #: Leases renewed per statement at most.
+    CHUNK = 1000
 
     def __init__(self, store: Store, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
@@ -78,9 +82,9 @@ class BatchRenewer:
         if self._thread.is_alive():
             self._thread.join(timeout=10)
 
-    def _take_due(self) -> tuple[list[LeaseGuard], float] | None:
-        """Wait for the earliest due guard; the batch to renew and the time
-        it was due. None when closed."""
+    def _take_due(self) -> list[tuple[float, LeaseGuard]] | None:
+        """Wait for the earliest due guard; the guards to renew now, each with
+        the time it was due, earliest first. None when closed."""
         with self._cv:
             while not self._closed:
                 now = self.clock()
@@ -88,10 +92,11 @@ class BatchRenewer:
                 first = None if head is None else head[1]
                 lead = 0.0 if head is None else self.lead(head[0].every)
                 if first is not None and first - lead <= now:
-                    batch = [g for g, at in self._due.items() if at <= now + lead + g.every / 2]
-                    for g in batch:
+                    due = [(at, g) for g, at in self._due.items() if at <= now + lead + g.every / 2]
+                    due.sort(key=lambda x: x[0])
+                    for _, g in due:
                         self._due[g] = now + g.every
-                    return batch, first
+                    return due
                 wait = 1.0 if first is None else first - lead - now
                 self._wakes_at = now + wait
                 self._cv.wait(timeout=wait)
@@ -103,8 +108,14 @@ class BatchRenewer:
         return min(every / 4, 2 * slowest)
 
     def _run(self) -> None:
-        while (taken := self._take_due()) is not None:
-            self.renew_due(*taken)
+        while (due := self._take_due()) is not None:
+            self.renew_round(due)
+
+    def renew_round(self, due: list[tuple[float, LeaseGuard]]) -> None:
+        """Renew ``due`` (from :meth:`_take_due`) a chunk a statement."""
+        for i in range(0, len(due), self.CHUNK):
+            chunk = due[i : i + self.CHUNK]
+            self.renew_due([g for _, g in chunk], chunk[0][0])
 
     def renew_due(self, batch: list[LeaseGuard], due_at: float) -> None:
         """Renew ``batch``, whose earliest guard was due at ``due_at``; time
