@@ -29,12 +29,25 @@ async def main(in_flight: int) -> None:
         finally:
             slots.release()
 
-    while line := await reader.readline():
-        job_id, payload = json.loads(line)
+    # The backlog is read as it comes, not as slots free up: a writer blocked
+    # on a full pipe would stretch the submission (and the bench's steady
+    # window starts once the submission ended), as no queue's submit would.
+    backlog: asyncio.Queue[tuple[str, dict[str, Any]] | None] = asyncio.Queue()
+
+    async def feed() -> None:
+        while line := await reader.readline():
+            job_id, payload = json.loads(line)
+            backlog.put_nowait((job_id, payload))
+        backlog.put_nowait(None)
+
+    feeder = asyncio.create_task(feed())
+    while (turn := await backlog.get()) is not None:
+        job_id, payload = turn
         await slots.acquire()
         task = asyncio.create_task(one(job_id, payload))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
+    await feeder
     if tasks:
         await asyncio.wait(tasks)
 

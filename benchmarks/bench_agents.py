@@ -32,7 +32,14 @@ Per system it measures:
   RSS when idle, and its whole peak RSS, over the turns in flight at the model's
   peak (a thread pool's stacks exist at idle already); **CPU per turn**: the worker process's user+system time
   over the backlog, per turn (the database's and broker's CPU are not counted);
-* **transactions per turn** on PostgreSQL (``pg_stat_database.xact_commit``).
+* **transactions per turn** on PostgreSQL (``pg_stat_database.xact_commit``);
+* **overload** (``--model-limit``): the ideal capped at the model's limit; the
+  model's concurrency, the worker's concurrency limit and the 429s' share in the
+  steady state;
+* agentdispatch only: **lease renewals** during the backlog (batches, per second,
+  worst lateness, from the worker's metrics) and **cancel** latency: ``--cancels``
+  running turns cancelled once the first wave has run a mean latency, timed from
+  the cancel call to the mock seeing the turn's stream dropped.
 
 No assertion: the figures are the output, with ratios against the ideal and
 against agentdispatch in the same run.
@@ -47,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -129,7 +137,8 @@ class Mock:
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [
             sys.executable, str(HERE / "mock_model.py"), "--port", str(self.port), "--mean-s", str(args.turn_s),
-            "--sigma", str(args.sigma), "--tokens", str(args.tokens), "--limit", str(args.model_limit),
+            "--sigma", str(args.sigma), "--tokens", str(args.tokens), "--chunks", str(args.chunks),
+            "--limit", str(args.model_limit),
         ]  # fmt: skip
         self.proc = subprocess.Popen(cmd, env=child_env({}))
         deadline = time.monotonic() + 30
@@ -166,6 +175,10 @@ class System:
     note: str = ""
     #: Turns it can run at once (below ``--in-flight`` where a runner caps it).
     concurrency: int = 0
+    #: Cancel a job (agentdispatch only: the others cannot stop a running turn).
+    cancel: Callable[[str], None] | None = None
+    #: The worker's Prometheus endpoint (agentdispatch only).
+    metrics_url: str | None = None
 
 
 def fresh_database(base: str, cleanup: list[Callable[[], None]]) -> tuple[str, str]:
@@ -236,17 +249,25 @@ def agentdispatch_system(name: str, args: argparse.Namespace, tmp: Path) -> Syst
 
     cleanup.insert(0, close)
     flag, note, concurrency = worker_cli_flag(args)
+    metrics_port = free_port()
 
     def start() -> subprocess.Popen[bytes]:
         cmd = [sys.executable, "-m", "agentdispatch", "worker", *flag, "--grace", "5"]
+        cmd += ["--metrics-port", str(metrics_port)]
         return subprocess.Popen(cmd, env=child_env(env))
+
+    def cancel(job_id: str) -> None:
+        dispatcher.cancel(job_id, "bench", "cancel probe")
 
     def submit(turns: list[tuple[str, dict[str, Any]]]) -> None:
         subs = [Submission(kind="agent", tenant="bench", job_id=j, payload=p) for j, p in turns]
         for i in range(0, len(subs), 1000):
             dispatcher.submit_many(subs[i : i + 1000])
 
-    return System(f"agentdispatch-{name}", env, start, submit, cleanup, pg_db, note, concurrency)
+    return System(
+        f"agentdispatch-{name}", env, start, submit, cleanup, pg_db, note, concurrency, cancel,
+        f"http://127.0.0.1:{metrics_port}/metrics",
+    )  # fmt: skip
 
 
 def celery_system(args: argparse.Namespace) -> System:
@@ -341,18 +362,93 @@ def xact_commits(base: str, db: str | None) -> int:
     return int(row[0]) if row else 0
 
 
-def wait_replies(mock: Mock, want: int, timeout_s: float, pid: int, peak: list[int], *, cut: bool = False) -> bool:
-    """Until ``want`` replies came (True); past ``timeout_s`` False with ``cut``, else TimeoutError."""
+def wait_replies(
+    mock: Mock,
+    want: int | Callable[[], int],
+    timeout_s: float,
+    pid: int,
+    peak: list[int],
+    *,
+    cut: bool = False,
+    on_poll: Callable[[dict[str, Any]], None] | None = None,
+) -> bool:
+    """Until ``want`` replies came (True); past ``timeout_s`` False with ``cut``,
+    else TimeoutError. ``on_poll`` sees the mock's stats at each poll."""
     deadline = time.monotonic() + timeout_s
     while True:
         peak[0] = max(peak[0], rss_kib(pid))
-        if mock.stats()["replies"] >= want:
+        stats = mock.stats()
+        if on_poll is not None:
+            on_poll(stats)
+        if stats["replies"] >= (want() if callable(want) else want):
             return True
         if time.monotonic() > deadline:
             if cut:
                 return False
             raise TimeoutError(f"{mock.stats()['replies']} of {want} replies after {timeout_s:.0f} s")
         time.sleep(0.2)
+
+
+METRIC = "agent_utilities_dispatch_"
+
+
+def scrape(url: str | None) -> dict[str, float]:
+    """The worker's Prometheus samples by name (labels included in the name)."""
+    if url is None:
+        return {}
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            with contextlib.suppress(ValueError):
+                out[name] = float(value)
+    return out
+
+
+class Sampler:
+    """What the backlog looks like while it runs: the model's concurrency at each
+    poll, the worker's concurrency limit (once a second), and the cancel probe:
+    once the first wave has run a mean latency, ``--cancels`` turns that started
+    most recently (within half a mean latency) are cancelled, and the mock tells
+    when each one's stream was dropped."""
+
+    def __init__(self, sysm: System, mock: Mock, args: argparse.Namespace, t1: float) -> None:
+        self.sysm, self.mock, self.args = sysm, mock, args
+        self.active: list[tuple[float, int]] = []
+        self.calls: list[tuple[float, int, int]] = []  # (when, calls, 429s so far)
+        self.limits: list[tuple[float, float]] = []
+        self.cancelled: dict[str, float] = {}  # job -> when its cancel was asked for
+        self.cancel_at = t1 + args.turn_s + 1.0 if sysm.cancel is not None and args.cancels else float("inf")
+        self.next_scrape = 0.0
+
+    def __call__(self, stats: dict[str, Any]) -> None:
+        now = time.time()
+        self.active.append((now, int(stats["active"])))
+        self.calls.append((now, int(stats["calls"]), int(stats["rejected"])))
+        if self.sysm.metrics_url is not None and now >= self.next_scrape:
+            self.next_scrape = now + 1.0
+            limit = scrape(self.sysm.metrics_url).get(METRIC + "concurrency_limit")
+            if limit is not None:
+                self.limits.append((now, limit))
+        if now >= self.cancel_at and self.sysm.cancel is not None:
+            self.cancel_at = float("inf")
+            # The latest starts the mock has seen, within half a mean latency
+            # (still running, most of them): on a loaded machine a start reaches
+            # the mock a while after the handler stamped it.
+            starts = self.mock.stats(full=True)["starts"]
+            recent = sorted(((started, job) for job, _, started in starts if job.startswith("b-")), reverse=True)
+            horizon = now - max(1.0, self.args.turn_s / 2)
+            for _, job in [x for x in recent if x[0] >= horizon][: self.args.cancels]:
+                self.cancelled[job] = time.time()
+                self.sysm.cancel(job)
+
+    def cancel_latencies(self, aborts: dict[str, float]) -> list[float]:
+        return [aborts[j] - t for j, t in self.cancelled.items() if j in aborts]
 
 
 def turns_of(prefix: str, n: int) -> list[tuple[str, dict[str, Any]]]:
@@ -371,7 +467,9 @@ def run_system(sysm: System, mock: Mock, args: argparse.Namespace) -> dict[str, 
         idle_rss = rss_kib(proc.pid)
         mock.reset()
         total = args.in_flight * args.rounds
+        m0 = scrape(sysm.metrics_url)
         cpu0, tx0 = cpu_s(proc.pid), xact_commits(args.pg, sysm.pg_db)
+        mock_cpu0 = cpu_s(mock.proc.pid)
         t0 = time.time()
         backlog = [(f"b-{i}", {"submitted_at": 0.0, "i": i}) for i in range(total)]
         for _, p in backlog:
@@ -380,8 +478,12 @@ def run_system(sysm: System, mock: Mock, args: argparse.Namespace) -> dict[str, 
         t1 = time.time()
         submit_s = t1 - t0
         peak = [idle_rss]
-        drained = wait_replies(mock, total, args.budget_s, proc.pid, peak, cut=True)
-        cpu1 = cpu_s(proc.pid)
+        sampler = Sampler(sysm, mock, args, t1)
+        want = lambda: total - len(sampler.cancelled)  # noqa: E731
+        drained = wait_replies(mock, want, args.budget_s, proc.pid, peak, cut=True, on_poll=sampler)
+        cpu1, mock_cpu1 = cpu_s(proc.pid), cpu_s(mock.proc.pid)
+        t2 = time.time()
+        m1 = scrape(sysm.metrics_url)
         full = mock.stats(full=True)
         done = len(full["reply_times"])
         wall = max(full["reply_times"]) - t0 if drained else float("nan")
@@ -398,7 +500,7 @@ def run_system(sysm: System, mock: Mock, args: argparse.Namespace) -> dict[str, 
         # A turn or two stuck past the budget (a connect retried after a
         # dropped SYN) must not stretch the window: every turn started is enough.
         a = t1 + full["drawn_mean_s"]
-        b = t0 + waits[-1] if drained or len(waits) >= total else t1 + args.budget_s
+        b = t0 + waits[-1] if drained or len(waits) >= total - len(sampler.cancelled) else t1 + args.budget_s
         replies = full["reply_times"]
         if b - a > 0.5 * args.turn_s:
             steady = sum(1 for t in replies if a <= t <= b) / (b - a)
@@ -414,14 +516,28 @@ def run_system(sysm: System, mock: Mock, args: argparse.Namespace) -> dict[str, 
             wait_replies(mock, args.probes, 120 + 4 * args.turn_s, proc.pid, [0])
             for job, submitted, started in mock.stats(full=True)["starts"]:
                 light.setdefault(job, started - submitted)
-        ideal = args.in_flight / full["drawn_mean_s"]
+        # A model that takes fewer calls at once than the runner runs caps the ideal too.
+        ideal = min(args.in_flight, args.model_limit or args.in_flight) / full["drawn_mean_s"]
+        own = min(sysm.concurrency, args.model_limit or sysm.concurrency)
+        steady_active = [n for t, n in sampler.active if a <= t <= b]
+        steady_limits = [n for t, n in sampler.limits if a <= t <= b]
+        steady_calls = [(c, r) for t, c, r in sampler.calls if a <= t <= b]
+        if len(steady_calls) >= 2:
+            (c0, r0), (c1, r1) = steady_calls[0], steady_calls[-1]
+            steady_429 = (r1 - r0) / max(1, c1 - c0)
+        else:
+            steady_429 = float("nan")
+        renewals = m1.get(METRIC + "renew_lateness_seconds_count", 0.0) - m0.get(
+            METRIC + "renew_lateness_seconds_count", 0.0
+        )
+        cancel_lat = sampler.cancel_latencies(full["aborts"])
         return {
             "name": sysm.name,
             "goodput": steady,
             "ideal": ideal,
             "ratio": steady / ideal,
-            "own_ratio": steady / (sysm.concurrency / full["drawn_mean_s"]),
-            "drain_ratio": (total * full["drawn_mean_s"] / args.in_flight) / wall,
+            "own_ratio": steady / (own / full["drawn_mean_s"]),
+            "drain_ratio": (total * full["drawn_mean_s"] / (ideal * full["drawn_mean_s"])) / wall,
             "wall": wall,
             "done": done,
             "total": total,
@@ -436,10 +552,21 @@ def run_system(sysm: System, mock: Mock, args: argparse.Namespace) -> dict[str, 
             "rss_total_per_turn_kib": peak[0] / max(1, full["peak"]),
             "idle_rss_mib": idle_rss / 1024,
             "cpu_ms_per_turn": 1000 * (cpu1 - cpu0) / total,
+            "mock_cpu_ms_per_turn": 1000 * (mock_cpu1 - mock_cpu0) / total,
             "tx_per_turn": (tx1 - tx0) / total if sysm.pg_db else None,
             "calls": full["calls"],
             "rejected": full["rejected"],
             "peak_model": full["peak"],
+            "active_p50": pct([float(n) for n in steady_active], 0.5),
+            "limit_p50": pct(steady_limits, 0.5),
+            "steady_429": steady_429,
+            "renewals_per_s": renewals / max(1e-9, t2 - t0) if sysm.metrics_url else None,
+            "renewal_batches": renewals,
+            "renew_late_max_s": m1.get(METRIC + "renew_lateness_max_seconds"),
+            "cancels": len(sampler.cancelled),
+            "cancel_p50": pct(cancel_lat, 0.5),
+            "cancel_p99": pct(cancel_lat, 0.99),
+            "cancel_stopped": len(cancel_lat),
             "note": sysm.note,
         }
     finally:
@@ -453,12 +580,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="backlog = in-flight x rounds turns")
     parser.add_argument("--sigma", type=float, default=0.25, help="log-normal sigma of the latency")
     parser.add_argument("--tokens", type=int, default=16, help="tokens streamed per call")
+    parser.add_argument("--chunks", type=int, default=4, help="writes a call's tokens are streamed in")
     parser.add_argument("--model-limit", type=int, default=0, help="mock answers 429 above this concurrency (0: none)")
     parser.add_argument(
         "--systems", default="bare,sqlite,postgres,celery,procrastinate", help="bare: the handler with no queue"
     )
     parser.add_argument("--cli", choices=("auto", "concurrency", "workers"), default="auto")
     parser.add_argument("--probes", type=int, default=40, help="light-load turns for submit-to-start")
+    parser.add_argument("--cancels", type=int, default=20, help="running turns cancelled during the backlog")
     parser.add_argument("--probe-rate", type=float, default=20.0, help="light-load turns per second")
     parser.add_argument(
         "--budget-s",
@@ -478,7 +607,7 @@ def main() -> None:
     os.environ["BENCH_MODEL_URL"] = mock.url
     print(
         f"bench_agents: {args.in_flight} in flight, turns of {args.turn_s:g} s mean (log-normal sigma {args.sigma:g}, "
-        f"{args.tokens} tokens streamed), backlog {args.in_flight * args.rounds}, model limit "
+        f"{args.tokens} tokens streamed in {args.chunks} chunks), backlog {args.in_flight * args.rounds}, model limit "
         f"{args.model_limit or 'none'}, python {sys.version.split()[0]}, {os.cpu_count()} cores"
     )
     results = []
@@ -529,8 +658,18 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
             f"  {r['name']}: {r['note']}; x ideal at its own concurrency {r['own_ratio']:.2f}; "
             f"idle RSS {r['idle_rss_mib']:.0f} MiB, backlog submitted in "
             f"{r['submit_s']:.2f} s, {r['done']} of {r['total']} done in {r['wall']:.2f} s (nan: cut at --budget-s), "
-            f"peak model concurrency {r['peak_model']}"
+            f"peak model concurrency {r['peak_model']}, mock CPU {r['mock_cpu_ms_per_turn']:.2f} ms/turn; "
+            f"steady state: model concurrency p50 {r['active_p50']:.0f}, worker limit p50 {r['limit_p50']:.0f}, "
+            f"429s {100 * r['steady_429']:.1f}% of calls"
         )
+        if r["renewals_per_s"] is not None:
+            late = r["renew_late_max_s"]
+            print(
+                f"    renewals: {r['renewal_batches']:.0f} batches, {r['renewals_per_s']:.3f}/s over the backlog, "
+                f"worst lateness {'-' if late is None else f'{late:.3f} s'}; cancel probe: "
+                f"{r['cancel_stopped']} of {r['cancels']} running turns stopped, "
+                f"p50/p99 {r['cancel_p50']:.2f}/{r['cancel_p99']:.2f} s from the cancel call"
+            )
     ours = [r for r in results if r["name"].startswith("agentdispatch")]
     others = [r for r in results if not r["name"].startswith("agentdispatch")]
     for o in ours:

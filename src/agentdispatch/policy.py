@@ -108,36 +108,90 @@ class Backpressure:
 @dataclass
 class ConcurrencyLimit:
     """How many turns a worker runs at once, under backpressure from a model
-    gateway: halved when a handler reports overload (at most once per
-    ``cooldown_s``, so one burst of refusals counts once), raised by ``step``
-    per ``increase_every_s`` in which turns succeeded and none was refused,
-    up to ``ceiling`` (AIMD, as TCP does). Claims wait out the gateway's
-    retry-after. Pure: every method takes ``now`` (monotonic seconds)."""
+    gateway (AIMD, as TCP does). Pure: every method takes ``now`` (monotonic
+    seconds).
+
+    * **Slow start.** The limit starts at ``initial`` and grows by
+      ``ramp_factor`` ``ramp_every_s`` after the turns in flight first filled
+      it, if no overload came (see :meth:`tick`; long enough for
+      the turns just started to reach the gateway and be refused), up to
+      ``ceiling``, until the first overload: a worker whose gateway takes
+      fewer calls than its ceiling overshoots by one step (at most half the
+      gateway's capacity), not by the whole ceiling at once. Not every turn in
+      flight is calling the gateway at a given moment, so a step can pass the
+      gateway's capacity unnoticed: a gentler factor than TCP's doubling keeps
+      that overshoot small.
+    * **Multiplicative decrease**, once per burst: a handler's overload cuts
+      the limit to ``decrease`` of itself, and claims wait out the gateway's
+      retry-after. A refusal of a turn that started before the last cut
+      belongs to the burst that caused it and cuts nothing more (TCP cuts
+      once per window); without the turn's start, ``cooldown_s`` separates
+      bursts.
+    * **Additive increase**: ``step`` more per ``increase_every_s`` in which
+      turns succeeded and none was refused (default 2% of the limit in force,
+      at least 1): each time the limit crosses the gateway's capacity again
+      about one step of calls is refused."""
 
     ceiling: int
     floor: int = 1
-    decrease: float = 0.5
+    decrease: float = 0.7
     cooldown_s: float = 1.0
     increase_every_s: float = 1.0
-    step: int = 0  # 0: one percent of the ceiling, at least 1
-    limit: int = 0  # 0: start at the ceiling
+    step: int = 0  # 0: two percent of the limit in force, at least 1
+    limit: int = 0  # 0: slow start from ``initial``
+    initial: int = 256
+    ramp_every_s: float = 0.5
+    ramp_factor: float = 1.5
     _hold_until: float = 0.0
     _quiet_since: float = 0.0
     _cool_until: float = 0.0
+    _cut_at: float = float("-inf")
+    _full_since: float | None = None
+    _ramping: bool = True
     _succeeded: bool = False
 
     def __post_init__(self) -> None:
         if self.ceiling < 1:
             raise ValueError("the concurrency ceiling must be at least 1")
         self.floor = max(1, min(self.floor, self.ceiling))
-        self.step = self.step or max(1, self.ceiling // 100)
-        self.limit = self.limit or self.ceiling
+        if self.limit:
+            self._ramping = False
+        else:
+            self.limit = max(self.floor, min(self.ceiling, self.initial))
+        self._ramping = self._ramping and self.limit < self.ceiling
 
-    def overloaded(self, now: float, retry_after_s: float = 0.0) -> None:
-        """A handler reported overload: cut the limit, hold claims."""
-        if now >= self._cool_until:
-            self.limit = max(self.floor, int(self.limit * self.decrease))
+    def tick(self, now: float, in_flight: int) -> None:
+        """Slow start: raise the limit by ``ramp_factor`` ``ramp_every_s``
+        after ``in_flight`` first reached it (a limit that claims have not
+        filled yet has not been tried against the gateway)."""
+        if not self._ramping:
+            return
+        if self._full_since is None:
+            # Dips below the limit later do not restart the wait: turns end
+            # and are replaced all the time, and the gateway saw the limit.
+            if in_flight >= self.limit:
+                self._full_since = now
+        elif now - self._full_since >= self.ramp_every_s:
+            self.limit = min(self.ceiling, max(self.limit + 1, round(self.limit * self.ramp_factor)))
+            self._full_since = None
+            self._ramping = self.limit < self.ceiling
+
+    def ramp_in(self, now: float) -> float | None:
+        """Seconds to the next step while the limit stays full (None: the
+        slow start is over)."""
+        if not self._ramping:
+            return None
+        return self.ramp_every_s if self._full_since is None else max(0.0, self._full_since + self.ramp_every_s - now)
+
+    def overloaded(self, now: float, retry_after_s: float = 0.0, started_at: float | None = None) -> None:
+        """A handler reported overload: cut the limit (once per burst), hold claims.
+        ``started_at``: when the refused turn started (the worker's clock)."""
+        new_burst = now >= self._cool_until if started_at is None else started_at >= self._cut_at
+        if new_burst:
+            self.limit = max(self.floor, round(self.limit * self.decrease))
+            self._cut_at = now
             self._cool_until = now + max(self.cooldown_s, retry_after_s)
+        self._ramping = False
         self._hold_until = max(self._hold_until, now + retry_after_s)
         self._quiet_since = now
         self._succeeded = False
@@ -147,8 +201,11 @@ class ConcurrencyLimit:
         if not self._quiet_since:
             self._quiet_since = now
         self._succeeded = True
+        if self._ramping:
+            return
         if self.limit < self.ceiling and now >= self._cool_until and now - self._quiet_since >= self.increase_every_s:
-            self.limit = min(self.ceiling, self.limit + self.step)
+            step = self.step or max(1, self.limit // 50)
+            self.limit = min(self.ceiling, self.limit + step)
             self._quiet_since = now
             self._succeeded = False
 

@@ -241,6 +241,8 @@ def test_a_finished_turn_commits_while_the_claimer_waits_for_work(make_harness):
         let_go.wait(60)
 
     harness.transport.wait = held_wait  # type: ignore[method-assign]
+    if hasattr(harness.store, "wait_for_submission"):  # an idle worker's wait on SQLite
+        harness.store.wait_for_submission = held_wait
     reg = Registry()
 
     @reg.register("agent")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
+import pytest
+
 from agentdispatch import LeaseLost
 from agentdispatch.lease import LeaseGuard
 from agentdispatch.runtime.renewer import BatchRenewer
@@ -61,3 +63,60 @@ def test_the_thread_renews_due_guards_together():
         assert len(store.calls[0]) == 50, store.calls
     finally:
         renewer.close()
+
+
+class _SlowStore(_Store):
+    """A store whose renewals take ``took`` seconds of the fake clock."""
+
+    def __init__(self, clock: FakeClock, took: float) -> None:
+        super().__init__(refuse=set())
+        self.clock = clock
+        self.took = took
+
+    def renew_many(self, leases: list[Lease], ttl_s: float) -> list[Lease | LeaseLost]:
+        self.clock.advance(self.took)
+        return super().renew_many(leases, ttl_s)
+
+
+def _slow_guard(store: object, job: str) -> LeaseGuard:
+    lease = Lease(job_id=job, tenant="t", owner="w:0", epoch=1, token="x", expires_at=1.0)
+    return LeaseGuard(store, lease, ttl_s=12.0, renew_interval_s=4.0)  # type: ignore[arg-type]
+
+
+def test_a_batch_starts_ahead_so_that_a_slow_commit_lands_on_time():
+    clock = FakeClock(start=0.0)
+    store = _SlowStore(clock, took=0.4)
+    renewer = BatchRenewer(store, clock=clock)  # type: ignore[arg-type]  # no thread: driven by hand
+    guard = _slow_guard(store, "j1")
+    renewer.add(guard)  # due at 4.0, every 4 s
+    assert renewer.lead(guard.every) == 1.0  # before any batch was timed
+    clock.advance(3.1 - clock())  # within the lead: due now
+    assert renewer._take_due() == [(4.0, guard)]
+    renewer.renew_due([guard], 4.0)
+    assert store.calls == [["j1"]]
+    assert renewer.worst_lateness_s == 0.0  # committed at 3.5, before 4.0
+    # From now on twice the slowest batch, at most a quarter of the period.
+    assert renewer.lead(guard.every) == pytest.approx(0.8)
+    store.took = 3.0
+    clock.advance(7.0 - clock())
+    assert renewer._take_due() == [(7.1, guard)]
+    renewer.renew_due([guard], 7.1)
+    assert renewer.lead(guard.every) == 1.0
+    # Slower than any lead allows: due at 7.1 (taken at 3.1, every 4 s), committed at 10.0.
+    assert renewer.worst_lateness_s == pytest.approx(2.9)
+
+
+def test_a_round_renews_the_earliest_due_first_a_chunk_a_statement():
+    clock = FakeClock(start=0.0)
+    store = _Store(refuse=set())
+    renewer = BatchRenewer(store, clock=clock)  # type: ignore[arg-type]  # no thread: driven by hand
+    renewer.CHUNK = 2
+    guards = [_slow_guard(store, f"j{i}") for i in range(5)]
+    for g in reversed(guards):  # added latest first: j4 is due first
+        renewer.add(g)
+        clock.advance(0.1)
+    clock.advance(4.0 - clock())
+    due = renewer._take_due()
+    assert due is not None and [g.job_id for _, g in due] == ["j4", "j3", "j2", "j1", "j0"]
+    renewer.renew_round(due)
+    assert store.calls == [["j4", "j3"], ["j2", "j1"], ["j0"]]

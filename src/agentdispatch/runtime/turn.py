@@ -27,6 +27,8 @@ class Running:
     envelope: Envelope
     item: WorkItem
     guard: LeaseGuard
+    #: When the worker started it (its clock): which overload burst it belongs to.
+    started_at: float = 0.0
     task: asyncio.Task[None] | None = None
     #: The handler is running: the only time the worker cancels the task.
     in_handler: bool = False

@@ -190,11 +190,15 @@ class AsyncWorker:
     async def _claimer(self, handlers: Executor) -> None:
         backoff = Backoff()
         while not self.stopping:
+            now = self.clock()
+            self.limit.tick(now, len(self.running))
             self.metrics.concurrency_limit.set(self.limit.limit)
-            delay = self.limit.claim_delay(self.clock())
+            delay = self.limit.claim_delay(now)
             free = self.limit.limit - len(self.running)
             if delay > 0 or free <= 0:
-                await self._nap(self._claim_wake, delay if delay > 0 else 1.0)
+                # Full: until a turn ends, or the slow start's next doubling.
+                ramp = self.limit.ramp_in(now)
+                await self._nap(self._claim_wake, delay if delay > 0 else 1.0 if ramp is None else min(1.0, ramp))
                 continue
             try:
                 batch = await self._off(self._claims, self._claim, min(free, self.options.claim_batch))
@@ -214,7 +218,21 @@ class AsyncWorker:
                 self._beat_soon()
             if batch.dry and not self.stopping:
                 # Not on the traffic thread: finished turns commit meanwhile.
-                await self._off(self._io, self.transport.wait, self.options.get_wait_s)
+                await self._off(self._io, self._wait_for_work, 2 * len(self.running) < self.limit.limit)
+
+    def _wait_for_work(self, idle: bool) -> None:
+        """Until the next claim is worth trying, after one that found the queue
+        dry. An idle worker (fewer than half its slots busy) on a store that
+        tells a new submission cheaply claims it within milliseconds; a busy
+        one waits for the transport's poll, which batches the claims of a
+        stream of arrivals into a few statements instead of one each."""
+        wait_s = self.options.get_wait_s
+        waker = getattr(self.store, "wait_for_submission", None)
+        if idle and waker is not None:
+            # At most the transport's own poll: a retry coming due is no new item.
+            waker(min(wait_s, getattr(self.transport, "poll_s", wait_s)))
+        else:
+            self.transport.wait(wait_s)
 
     def _claim(self, n: int) -> Batch:
         """Up to ``n`` turns; the deliveries settled instead are counted."""
@@ -234,7 +252,7 @@ class AsyncWorker:
         guard.io = self._io
         self.observe.claimed(c.envelope, item, guard)
         guard.ledger = self.ledger.submit
-        r = Running(c.delivery, c.envelope, item, guard)
+        r = Running(c.delivery, c.envelope, item, guard, started_at=self.clock())
         loop = asyncio.get_running_loop()
 
         def lost(reason: str) -> None:
@@ -276,7 +294,7 @@ class AsyncWorker:
             self.metrics.in_flight.set(len(self.running))
         now = self.clock()
         if r.overload is not None:
-            self.limit.overloaded(now, r.overload.retry_after_s)
+            self.limit.overloaded(now, r.overload.retry_after_s, started_at=r.started_at)
         elif outcome is not None and outcome.ok:
             self.limit.succeeded(now)
         if outcome is None or r.stop is not None:

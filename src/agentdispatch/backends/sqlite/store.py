@@ -6,6 +6,7 @@ import hashlib
 import json
 import secrets
 import sqlite3
+import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -244,6 +245,8 @@ class SqliteStore:
         self.db = path if isinstance(path, SqliteDb) else SqliteDb(path)
         self.extra_attempts = extra_attempts
         self._ref_key: bytes | None = None
+        #: The last item sequence number :meth:`wait_for_submission` saw.
+        self._seen_seq: int | None = None
 
     # -- plumbing -----------------------------------------------------------
     def transaction(self, durable: bool = False) -> AbstractContextManager[SqliteTx]:
@@ -483,6 +486,27 @@ class SqliteStore:
         with self._tx(durable=True) as tx:
             tx.prefetch([op.lease.job_id for op in ops if op.state is None])
             return engine.ledger_many(tx, ops)
+
+    def wait_for_submission(self, timeout_s: float, *, every_s: float = 0.002) -> bool:
+        """Until an item is submitted to this file, by any process (True), or
+        ``timeout_s`` passes (False). A read of the last sequence number every
+        ``every_s``: it takes no lock in WAL mode, and neither commits nor
+        renewals move it, only new items. One caller at a time (a worker's
+        claimer); it remembers what it saw, so a submission that landed while
+        the caller was claiming wakes the next call at once."""
+        conn = self.db.conn()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            last = int(conn.execute(Q["last_seq"]).fetchone()[0])
+            if self._seen_seq is None:
+                self._seen_seq = last
+            if last > self._seen_seq:
+                self._seen_seq = last
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(every_s, left))
 
     def cancelled_since(self, since: float) -> tuple[float, list[str]]:
         now = self.db.now()
