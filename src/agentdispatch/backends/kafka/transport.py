@@ -439,8 +439,8 @@ class KafkaTransport:
             try:
                 if not store.outbox_take(1):
                     self._relayed_through = now
-            except AgentDispatchError:
-                pass  # the store is away: the last relay round tells
+            except Exception:  # the group watch must outlive a store error (locked, disk full)
+                pass  # the last relay round tells
         return self._relayed_through
 
     def _rejoin(self, oc: OwnedConsumer) -> None:
