@@ -252,6 +252,17 @@ def test_log_ends_from_fetches_raise_a_broker_answer_that_left_records_out():
     assert seen[0] == (0, 80)  # a consumer's fetch saw the real end
     assert seen[1] == (40, 41)  # read past the answer: the end is unknown, never "caught up"
     assert seen[2] == (5, 9)
+    # How long the group needs on such a partition is not known either: the
+    # longest wait bounds re-publication, not the one-message lag it shows.
+    from agentdispatch.backends.kafka.watch import Backlog, unknown_ends
+
+    assert unknown_ends(said, {0: 80}) == {1}
+    b = Backlog()
+    b.observe(0, with_ends({0: (0, 10), 1: (0, 1)}, {}))
+    b.observe(10, seen, unknown_ends(said, {0: 80}))
+    assert b.bound_s(10) == Backlog.MAX_WAIT_S
+    b.observe(20, {0: (40, 80), 1: (41, 41)})  # every end known again: lag over rate
+    assert b.bound_s(20) == pytest.approx(2 * 40 / 4)
     # A consumer's end of the old log (a restart it has not fetched since)
     # keeps the group from reading as caught up, but is no loss, and the
     # broker's own answer still shows the loss.

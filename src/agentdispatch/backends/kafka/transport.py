@@ -31,7 +31,7 @@ from ...transports.base import Delivery, get_each
 from .admin import TopicAdmin, TopicMissing
 from .consumer import SEQ_HEADER, OwnedConsumer
 from .producer import CoalescingProducer, GroupCommit, message_key
-from .watch import Backlog, Drained, StallWatch, with_ends
+from .watch import Backlog, Drained, StallWatch, unknown_ends, with_ends
 
 if TYPE_CHECKING:
     from ...stores.base import Outbox
@@ -418,7 +418,7 @@ class KafkaTransport:
                 for p, end in oc.log_ends().items():
                     ends[p] = max(end, ends.get(p, end))
             seen = with_ends(positions, ends)
-            self._backlog.observe(time.monotonic(), seen)
+            self._backlog.observe(time.monotonic(), seen, unknown_ends(positions, ends))
             if relayed is not None:
                 # An item queued after the last emptying relay may be published
                 # after this probe (an outbox row left by an outage, published
