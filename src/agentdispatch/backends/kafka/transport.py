@@ -31,7 +31,7 @@ from ...transports.base import Delivery, get_each
 from .admin import TopicAdmin, TopicMissing
 from .consumer import SEQ_HEADER, OwnedConsumer
 from .producer import CoalescingProducer, GroupCommit, message_key
-from .watch import Backlog, Drained, StallWatch, unknown_ends, with_ends
+from .watch import Backlog, Drained, StallWatch, with_ends
 
 if TYPE_CHECKING:
     from ...stores.base import Outbox
@@ -167,10 +167,10 @@ class KafkaTransport:
         the log that probe saw (:class:`Drained`): each stranded item goes
         out again once. At least about a TTL; at most twice a TTL plus twice
         the time the group needs to consume its slowest partition's backlog
-        at its recent rate (never stuck behind a partition the group does not
-        get past), where a backlog the group has not been seen consuming (a
-        group still joining) counts as the longest wait. A process that has
-        not probed the group yet waits the longest too."""
+        at its recent rate, plus ``stall_s`` while the group consumes nothing
+        from a partition with a backlog (rejoining, or wedged: its items go
+        out again that often). A process that has not probed the group yet
+        waits the longest (it would re-publish a whole healthy backlog)."""
         now = time.monotonic()
         base = self._redeliver_base_s
         if not self._drained.probed:
@@ -179,7 +179,11 @@ class KafkaTransport:
             # the group had all along. Its consumers' first probe tells; only
             # a worker reconciles, and a worker probes.
             return Backlog.MAX_WAIT_S
-        cap = min(Backlog.MAX_WAIT_S, 2 * base + self._backlog.bound_s(now))
+        # A backlog the group is not consuming: a rejoin after a restart
+        # (no copy would run sooner), or an assignment the broker wedged
+        # (the stall watch rejoins after stall_s); copies wait that long.
+        stalled = self.stall_s if self._backlog.stalled(now) else 0.0
+        cap = min(Backlog.MAX_WAIT_S, 2 * base + self._backlog.wait_s(now) + stalled)
         cutoff = self._drained.cutoff()
         if cutoff is None:  # the group has not caught up with any probe yet
             return max(base, cap)
@@ -418,7 +422,7 @@ class KafkaTransport:
                 for p, end in oc.log_ends().items():
                     ends[p] = max(end, ends.get(p, end))
             seen = with_ends(positions, ends)
-            self._backlog.observe(time.monotonic(), seen, unknown_ends(positions, ends))
+            self._backlog.observe(time.monotonic(), seen)
             if relayed is not None:
                 # An item queued after the last emptying relay may be published
                 # after this probe (an outbox row left by an outage, published

@@ -18,12 +18,6 @@ from collections import deque
 Positions = dict[int, tuple[int, int]]
 
 
-def unknown_ends(positions: Positions, ends: dict[int, int]) -> set[int]:
-    """Partitions whose end neither the broker's answer nor a consumer's
-    fetch gives: the group has read past the answer (:func:`with_ends`)."""
-    return {p for p, (done, high) in positions.items() if done > max(high, ends.get(p, high))}
-
-
 def with_ends(positions: Positions, ends: dict[int, int]) -> Positions:
     """The probe with each partition's end raised to what a consumer's fetch
     saw. A committed offset beyond the end the broker gave means its answer
@@ -79,14 +73,11 @@ class Backlog:
         self._last: tuple[float, Positions] | None = None
         self._rates: dict[int, float] = {}  # messages/s per partition, smoothed
         self._lags: dict[int, int] = {}
-        self._unknown: set[int] = set()
         self._at = 0.0
 
-    def observe(self, now: float, positions: Positions, unknown: set[int] | None = None) -> None:
-        """One probe of the group's positions; ``unknown``: partitions whose
-        end is not known (their backlog counts as the longest wait)."""
+    def observe(self, now: float, positions: Positions) -> None:
+        """One probe of the group's positions."""
         self._lags = {p: max(0, h - d) for p, (d, h) in positions.items()}
-        self._unknown = unknown or set()
         if self._last is not None and now > self._last[0]:
             then, before = self._last
             for p, (done, _high) in positions.items():
@@ -104,7 +95,7 @@ class Backlog:
     def _drain_s(self, now: float, unknown: float) -> float:
         if now - self._at > self.STALE_S:
             return 0.0
-        worst = unknown if self._unknown else 0.0
+        worst = 0.0
         for p, lag in self._lags.items():
             if lag:
                 rate = self._rates.get(p, 0.0)
@@ -116,12 +107,11 @@ class Backlog:
         slowest partition (0 when unknown, stale or empty)."""
         return self._drain_s(now, 0.0)
 
-    def bound_s(self, now: float) -> float:
-        """Like :meth:`wait_s`, but a partition with a backlog the group has
-        not been seen consuming (a group still joining, a partition stuck)
-        counts as the longest wait: a message behind it is not lost, and a
-        copy behind it would not run sooner."""
-        return self._drain_s(now, self.MAX_WAIT_S)
+    def stalled(self, now: float) -> bool:
+        """A partition has a backlog the group has not been seen consuming
+        (a group still joining or rejoining, or wedged)."""
+        fresh = now - self._at <= self.STALE_S
+        return fresh and any(lag and self._rates.get(p, 0.0) <= 0 for p, lag in self._lags.items())
 
 
 class Drained:
