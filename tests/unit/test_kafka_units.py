@@ -265,3 +265,29 @@ def test_log_ends_from_fetches_raise_a_broker_answer_that_left_records_out():
     assert d.cutoff() == 0
     d.observe(3, with_ends({0: (3, 3)}, {0: 3}), {0: (3, 3)})
     assert d.cutoff() == 3
+
+
+def test_a_consumer_close_that_hangs_in_the_client_does_not_hang_its_caller(caplog: pytest.LogCaptureFixture) -> None:
+    # librdkafka's close can wait for good inside a rebalance callback; the
+    # caller (a stopping worker, a test's teardown) must get its thread back.
+    from agentdispatch.backends.kafka.consumer import OwnedConsumer
+
+    config = {"bootstrap.servers": "127.0.0.1:1", "group.id": "g"}
+    oc = OwnedConsumer("owner", config, "topic", buffer_max=4)
+    real, release, entered = oc._c, threading.Event(), threading.Event()
+
+    class Stuck:
+        def close(self) -> None:
+            entered.set()
+            release.wait()
+            real.close()
+
+    oc._c = Stuck()  # type: ignore[assignment]
+    try:
+        with caplog.at_level("WARNING", logger="agentdispatch.kafka"):
+            oc.close(timeout_s=0.2)
+        assert entered.is_set() and oc.closed
+        assert "did not leave its group" in caplog.text
+        assert oc.get(visibility_s=1.0, wait_s=0.0) is None  # closed: hands out nothing
+    finally:
+        release.set()

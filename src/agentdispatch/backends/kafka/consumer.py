@@ -26,6 +26,7 @@ import bisect
 import contextlib
 import itertools
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +37,8 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from ...errors import TaskQueueUnavailable
 from ...transports.base import Delivery, Receipt
+
+log = logging.getLogger("agentdispatch.kafka")
 
 _SEQ = itertools.count()
 
@@ -48,6 +51,9 @@ SEQ_HEADER = "agentdispatch-seq"
 #: Messages that cannot run now may fill the buffer up to this many times
 #: ``buffer_max`` before fetching pauses regardless.
 HARD_FACTOR = 16
+
+#: The longest :meth:`OwnedConsumer.close` waits for the client to leave its group.
+CLOSE_TIMEOUT_S = 10.0
 
 Group = tuple[int, str, str]
 
@@ -438,8 +444,11 @@ class OwnedConsumer:
                 "pauses": self.pauses,
             }
 
-    def close(self) -> None:
-        """Leave the group (uncommitted messages go to the next owner)."""
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Leave the group (uncommitted messages go to the next owner), waiting
+        at most ``timeout_s``: the client's close can hang for good inside a
+        rebalance, and a stopping worker must not hang with it (the broker
+        evicts a member that left silently after its session timeout)."""
         with self.lock:
             if self.closed:
                 return
@@ -447,6 +456,14 @@ class OwnedConsumer:
             self._groups.clear()
             self._buffered = 0
             self._inflight.clear()
-            # Already closed or broker gone: leaving is best effort.
-            with contextlib.suppress(Exception):
-                self._c.close()
+        closer = threading.Thread(target=self._leave, name="kafka-consumer-close", daemon=True)
+        closer.start()
+        closer.join(timeout_s)
+        if closer.is_alive():
+            log.warning("the Kafka consumer did not leave its group within %g s; the broker evicts it later", timeout_s)
+
+    def _leave(self) -> None:
+        # Already closed or broker gone: leaving is best effort. Not under
+        # self.lock: the rebalance callbacks it runs touch only a closed consumer.
+        with contextlib.suppress(Exception):
+            self._c.close()
