@@ -58,8 +58,21 @@ def test_group_commit_runs_one_round_for_concurrent_callers():
     assert gate.rounds == 1 and calls == [1] and results == [1] * n
 
 
+class _SignallingCondition(threading.Condition):
+    """A condition that says when a thread starts waiting on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return super().wait(timeout)
+
+
 def test_group_commit_late_caller_waits_for_a_fresh_round():
     gate: GroupCommit[float] = GroupCommit()
+    cond = gate._cond = _SignallingCondition()
     started = threading.Event()
     release = threading.Event()
     seen: list[float] = []
@@ -75,7 +88,7 @@ def test_group_commit_late_caller_waits_for_a_fresh_round():
     joined_at = time.monotonic()
     late = threading.Thread(target=lambda: seen.append(gate.run(time.monotonic)))
     late.start()
-    time.sleep(0.05)
+    assert cond.waiting.wait(5)  # the late caller joined while the first round ran
     release.set()
     first.join()
     late.join()
