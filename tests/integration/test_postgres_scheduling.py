@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from typing import Any, cast
 
 import psycopg
 import pytest
@@ -17,7 +18,6 @@ from agentdispatch.envelope import Envelope
 from agentdispatch.handlers import Registry, Turn
 from agentdispatch.lease import LeaseGuard
 from agentdispatch.sqlfiles import queries
-from agentdispatch.transports.base import Delivery
 from backends import Harness
 from pg import admin
 
@@ -201,22 +201,18 @@ def test_fairness_small_tenants_are_not_starved(h: Harness) -> None:
     started: list[str] = []
     lock = threading.Lock()
     enough = threading.Event()
-    get, get_many = h.transport.get, h.transport.get_many
+    # Every claim of the worker goes through this one statement (the flow's get).
+    transport = cast(Any, h.transport)
+    get_on = transport.get_on
 
-    def record(got: list[Delivery]) -> list[Delivery]:
+    def recording_get_on(conn: Any, owner: str, visibility_s: float, n: int, *, read: bool) -> list[Any]:
+        got = get_on(conn, owner, visibility_s, n, read=read)
         with lock:
-            for d in got:
-                env = Envelope.from_json(d.raw)
+            for delivery, _read in got:
+                env = Envelope.from_json(delivery.raw)
                 # A claim rolled back (a retried transaction) is claimed again: count it once.
                 claims.setdefault(env.job_id, env.tenant)
         return got
-
-    def recording_get(owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
-        got = get(owner, visibility_s=visibility_s, wait_s=wait_s)
-        return None if got is None else record([got])[0]
-
-    def recording_get_many(owner: str, n: int, *, visibility_s: float) -> list[Delivery]:
-        return record(get_many(owner, n, visibility_s=visibility_s))
 
     def note(turn: Turn, guard: LeaseGuard) -> None:
         with lock:
@@ -224,8 +220,7 @@ def test_fairness_small_tenants_are_not_starved(h: Harness) -> None:
             if len(started) >= 1300:
                 enough.set()
 
-    h.transport.get = recording_get
-    h.transport.get_many = recording_get_many
+    transport.get_on = recording_get_on
     reg = Registry()
     reg.add("note", note)
     worker = h.worker(reg, threads=4)
