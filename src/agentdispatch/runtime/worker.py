@@ -203,12 +203,8 @@ class AsyncWorker:
             try:
                 batch = await self._off(self._claims, self._claim, min(free, self.options.claim_batch))
             except Exception as exc:
-                if not recoverable(exc):
-                    self._fail(exc)
+                if not await self._claim_failed(exc, backoff):
                     return
-                self.metrics.worker_errors.labels(error=type(exc).__name__).inc()
-                log.warning("claiming failed, retrying: %s", exc)
-                await self._nap(self._claim_wake, backoff.failed())
                 continue
             if backoff.failures:
                 log.info("claiming resumed after %d failed attempt(s)", backoff.reset())
@@ -218,7 +214,22 @@ class AsyncWorker:
                 self._beat_soon()
             if batch.dry and not self.stopping:
                 # Not on the traffic thread: finished turns commit meanwhile.
-                await self._off(self._io, self._wait_for_work, 2 * len(self.running) < self.limit.limit)
+                try:
+                    await self._off(self._io, self._wait_for_work, 2 * len(self.running) < self.limit.limit)
+                except Exception as exc:  # the wait reads the store too
+                    if not await self._claim_failed(exc, backoff):
+                        return
+
+    async def _claim_failed(self, exc: Exception, backoff: Backoff) -> bool:
+        """Back off after a store error of the claim loop; False when it is one
+        no retry mends (the worker stops and exits non-zero)."""
+        if not recoverable(exc):
+            self._fail(exc)
+            return False
+        self.metrics.worker_errors.labels(error=type(exc).__name__).inc()
+        log.warning("claiming failed, retrying: %s", exc)
+        await self._nap(self._claim_wake, backoff.failed())
+        return True
 
     def _wait_for_work(self, idle: bool) -> None:
         """Until the next claim is worth trying, after one that found the queue
