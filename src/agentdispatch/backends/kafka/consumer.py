@@ -419,20 +419,6 @@ class OwnedConsumer:
         finally:
             self.lock.release()
 
-    def log_ends(self) -> dict[int, int]:
-        """Each assigned partition's log end as this consumer's last fetch
-        answer gave it (some brokers answer a ListOffsets with less: Tansu
-        leaves out the last record batch)."""
-        out: dict[int, int] = {}
-        for p in list(self.assigned):
-            try:
-                _low, high = self._c.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
-            except Exception:  # closed meanwhile, or nothing fetched yet
-                continue
-            if high is not None and high >= 0:
-                out[p] = int(high)
-        return out
-
     def stats(self) -> dict[str, int]:
         """Counters for tests and metrics."""
         with self.lock:
