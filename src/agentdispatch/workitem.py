@@ -9,6 +9,7 @@ back in the same transaction.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
@@ -252,6 +253,34 @@ def claim(item: WorkItem, *, owner: str, token: str, now: float, ttl_s: float) -
         lease_expires_at=now + ttl_s,
         updated_at=now,
     )
+
+
+#: Attempts left at which a suspect starts to run in ever smaller groups.
+ISOLATE_BELOW = 4
+
+
+def suspect_cap(attempts_before: int, max_attempts: int, reason: str | None) -> int | None:
+    """How many suspects near exhaustion one process may hold beside this one
+    (itself included), for an item whose last attempt's lease ran out.
+
+    A process that dies takes every turn it held down with it, so each of them
+    loses an attempt though only one may have killed it. A suspect that has
+    lost two or more and nears its last attempt therefore runs in a group that
+    shrinks by 4 per attempt left (16, 4, then alone): a poison turn reaches
+    the dead-letter queue on its own, and the turns it took down finish.
+    ``None``: no cap (not a suspect, or attempts to spare)."""
+    if reason != "lease_expired" or attempts_before < 2:
+        return None
+    left = max_attempts - attempts_before
+    if left >= ISOLATE_BELOW:
+        return None
+    return int(4 ** max(0, left - 1))
+
+
+def may_join(cap: int, held_caps: Sequence[int]) -> bool:
+    """Whether a suspect with ``cap`` may run beside the capped suspects its
+    process already holds: the group stays within every member's cap."""
+    return len(held_caps) + 1 <= min([cap, *held_caps])
 
 
 def lease_of(item: WorkItem) -> Lease:

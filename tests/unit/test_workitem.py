@@ -455,3 +455,22 @@ def test_evolve_matches_dataclasses_replace_and_rejects_unknown_fields():
     assert item.status is Status.READY and item.seq == 0  # the original is untouched
     with pytest.raises(TypeError, match="no field"):
         wi.evolve(item, stauts=Status.RUNNING)
+
+
+# -- suspects: a poison turn is isolated before its last attempt ----------------
+
+
+def test_a_suspect_is_capped_only_near_its_last_attempts() -> None:
+    assert wi.suspect_cap(1, 5, "lease_expired") is None  # one lost lease: most crashes
+    assert wi.suspect_cap(4, 5, "retry") is None  # failed normally: its own error
+    assert [wi.suspect_cap(n, 5, "lease_expired") for n in (2, 3, 4)] == [16, 4, 1]
+    assert wi.suspect_cap(2, 10, "lease_expired") is None  # attempts to spare
+
+
+def test_a_group_of_suspects_stays_within_every_members_cap() -> None:
+    assert wi.may_join(1, [])
+    assert not wi.may_join(1, [16])  # the last attempt runs alone
+    assert not wi.may_join(16, [1])  # and nobody joins it
+    assert wi.may_join(4, [4, 4, 16])
+    assert wi.may_join(4, [4, 4, 4])  # the cap counts the newcomer too
+    assert not wi.may_join(4, [4, 4, 4, 4])

@@ -84,6 +84,10 @@ class Tx(Protocol):
     def expired_leases(self, now: float, limit: int) -> list[WorkItem]:
         """Held items whose lease expired."""
 
+    def held_suspects(self, owner_prefix: str) -> list[tuple[str, int, int]]:
+        """(owner, attempt, max_attempts) of the held items whose owner starts
+        with ``owner_prefix``, whose last lease ran out, on a third attempt or later."""
+
     def expired_deadlines(self, now: float, limit: int) -> list[WorkItem]:
         """Active items whose deadline passed."""
 
@@ -279,6 +283,9 @@ def claim(tx: Tx, job_id: str, tenant: str, owner: str, ttl_s: float) -> Claim:
     wait = tx.session_blocker(item, now)
     if wait is not None:
         return Claim(ClaimKind.BUSY, item, retry_after_s=wait)
+    cap = wi.suspect_cap(item.attempt, item.max_attempts, item.reason)
+    if cap is not None and not wi.may_join(cap, _held_caps(tx, owner)):
+        return Claim(ClaimKind.BUSY, item, retry_after_s=SUSPECT_WAIT_S)
     token = secrets.token_hex(16)
     item = wi.claim(item, owner=owner, token=token, now=now, ttl_s=ttl_s)
     lease = wi.lease_of(item)
@@ -289,6 +296,30 @@ def claim(tx: Tx, job_id: str, tenant: str, owner: str, ttl_s: float) -> Claim:
     # writes it in the same statement as the save.
     tx.event(item, "claimed", owner)
     return Claim(ClaimKind.CLAIMED, item, lease)
+
+
+#: How long a suspect waits for its process's group to shrink (or for another
+#: process to take it).
+SUSPECT_WAIT_S = 1.0
+
+
+def _process(owner: str) -> str:
+    """The part of a lease owner that names its process (``<worker>:<slot>``)."""
+    head, sep, _ = owner.rpartition(":")
+    return head + sep
+
+
+def _held_caps(tx: Tx, owner: str) -> list[int]:
+    """The caps of the suspects that ``owner``'s process holds."""
+    process = _process(owner) or owner
+    caps = []
+    for held_by, attempt, max_attempts in tx.held_suspects(process):
+        if (_process(held_by) or held_by) != process:
+            continue
+        cap = wi.suspect_cap(attempt - 1, max_attempts, "lease_expired")
+        if cap is not None:
+            caps.append(cap)
+    return caps
 
 
 def renew(tx: Tx, lease: Lease, ttl_s: float) -> Lease:

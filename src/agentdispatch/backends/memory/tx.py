@@ -115,6 +115,17 @@ class MemoryTx:
         rows = [r for r in self.t.effects.values() if r[0].job_id == job_id]
         return [e for e, _ in sorted(rows, key=lambda r: r[1])]
 
+    def held_suspects(self, owner_prefix: str) -> list[tuple[str, int, int]]:
+        return [
+            (i.lease_owner, i.attempt, i.max_attempts)
+            for i in self.t.items.values()
+            if i.status in wi.HELD
+            and i.reason == "lease_expired"
+            and i.attempt >= 3
+            and i.lease_owner is not None
+            and i.lease_owner.startswith(owner_prefix)
+        ]
+
     def expired_leases(self, now: float, limit: int) -> list[WorkItem]:
         held = [
             i

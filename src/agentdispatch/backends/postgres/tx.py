@@ -413,6 +413,10 @@ class PostgresTx:
     def expired_leases(self, now: float, limit: int) -> list[WorkItem]:
         return [item_from_row(r) for r in self._all(Q["expired_leases"], {"now": now, "limit": limit})]
 
+    def held_suspects(self, owner_prefix: str) -> list[tuple[str, int, int]]:
+        rows = self._all(Q["held_suspects"], {"prefix": owner_prefix})
+        return [(r["lease_owner"], int(r["attempts"]), int(r["max_attempts"])) for r in rows]
+
     def expired_deadlines(self, now: float, limit: int) -> list[WorkItem]:
         return [item_from_row(r) for r in self._all(Q["expired_deadlines"], {"now": now, "limit": limit})]
 

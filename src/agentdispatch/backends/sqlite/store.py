@@ -222,6 +222,10 @@ class SqliteTx:
     def expired_leases(self, now: float, limit: int) -> list[WorkItem]:
         return [item_from_row(r) for r in self._read(Q["expired_leases"], (now, limit))]
 
+    def held_suspects(self, owner_prefix: str) -> list[tuple[str, int, int]]:
+        rows = self._read(Q["held_suspects"], {"prefix": owner_prefix})
+        return [(r["lease_owner"], int(r["attempts"]), int(r["max_attempts"])) for r in rows]
+
     def expired_deadlines(self, now: float, limit: int) -> list[WorkItem]:
         return [item_from_row(r) for r in self._read(Q["expired_deadlines"], (now, limit))]
 

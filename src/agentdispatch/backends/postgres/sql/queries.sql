@@ -195,6 +195,11 @@ WHERE status IN ('leased', 'running') AND lease_expires_at <= %(now)s
 ORDER BY lease_expires_at LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 
+-- name: held_suspects
+SELECT lease_owner, attempts, max_attempts FROM work_items
+WHERE status IN ('leased', 'running') AND reason = 'lease_expired' AND attempts >= 3
+  AND left(lease_owner, length(%(prefix)s)) = %(prefix)s
+
 -- name: expired_deadlines
 SELECT * FROM work_items
 WHERE deadline_unix IS NOT NULL AND deadline_unix <= %(now)s

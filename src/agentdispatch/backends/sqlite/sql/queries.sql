@@ -112,6 +112,11 @@ SELECT * FROM work_items INDEXED BY work_items_held
 WHERE status IN ('leased', 'running') AND lease_expires_at <= ?
 ORDER BY lease_expires_at LIMIT ?
 
+-- name: held_suspects
+SELECT lease_owner, attempts, max_attempts FROM work_items INDEXED BY work_items_held
+WHERE status IN ('leased', 'running') AND reason = 'lease_expired' AND attempts >= 3
+  AND substr(lease_owner, 1, length(:prefix)) = :prefix
+
 -- name: expired_deadlines
 SELECT * FROM work_items INDEXED BY work_items_deadline
 WHERE deadline_unix IS NOT NULL AND deadline_unix <= ?
