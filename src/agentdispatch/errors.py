@@ -94,6 +94,12 @@ class EffectUnknown(AgentDispatchError):
     """A side effect was started by an earlier attempt and never confirmed."""
 
 
+class EffectInFlight(AgentDispatchError):
+    """Another job's live attempt is running the side effect with this key
+    (keys are tenant-wide): the turn fails retryably and its next attempt
+    finds the effect settled."""
+
+
 class NonRetryableError(AgentDispatchError):
     """Raised by a handler to fail the item at once, without retries;
     ``reason`` (default ``non_retryable``) is the item's visible reason."""

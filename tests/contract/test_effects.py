@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from agentdispatch import NOT_HAPPENED, EffectUnknown, Status, Submission
+from agentdispatch import NOT_HAPPENED, EffectInFlight, EffectUnknown, Status, Submission
 from agentdispatch.handlers import Registry
 from agentdispatch.lease import LeaseGuard
 from agentdispatch.stores.base import ClaimKind
@@ -212,3 +212,19 @@ def test_verify_or_an_idempotent_downstream_settles_an_unknown_effect(harness, m
     assert harness.store.history(job.job_id, "t")["side_effects"][0]["result"] == want
     # A later attempt gets the settled record back without asking again.
     assert guard.side_effect(key, send, verify=lambda: NOT_HAPPENED) == want
+
+
+def test_a_key_in_flight_in_another_job_is_not_doubted(harness):
+    # Keys are tenant-wide: two jobs may share one (a reply both would send).
+    d = harness.dispatcher()
+    first, second = (d.submit(Submission(kind="echo", tenant="t")).job_id for _ in range(2))
+    a = _claim(harness, first, "w:1")
+    b = _claim(harness, second, "w:2")
+    assert a.epoch == b.epoch == 1
+    assert harness.store.effect_begin(a, "reply:42", 30) is None
+    # Not "this attempt's" (same epoch, other job), and not unknown: a is alive.
+    with pytest.raises(EffectInFlight):
+        harness.store.effect_begin(b, "reply:42", 30)
+    assert harness.store.effect_end(a, "reply:42", state="committed", result="m-1") is True
+    done = harness.store.effect_begin(b, "reply:42", 30)
+    assert done is not None and (done.state, done.result) == ("committed", "m-1")

@@ -20,6 +20,7 @@ PINNED = [
     "ConfigError",
     "DepthUnavailable",
     "Dispatcher",
+    "EffectInFlight",
     "EffectUnknown",
     "Envelope",
     "Fence",

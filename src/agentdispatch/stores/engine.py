@@ -18,6 +18,7 @@ from .. import workitem as wi
 from ..envelope import Envelope
 from ..errors import (
     AgentDispatchError,
+    EffectInFlight,
     EffectUnknown,
     IdempotencyConflict,
     InvalidInput,
@@ -449,8 +450,10 @@ def effect_begin(tx: Tx, lease: Lease, key: str, ttl_s: float, *, retry_unknown:
     if eff is not None and eff.state == "committed":
         return eff
     if eff is not None and eff.state in ("intended", "unknown"):
-        if eff.state == "intended" and eff.epoch == lease.epoch:
+        if eff.state == "intended" and (eff.job_id, eff.epoch) == (lease.job_id, lease.epoch):
             raise EffectUnknown(f"side effect {key!r} is already in flight in this attempt")
+        if eff.state == "intended" and eff.job_id != lease.job_id and _running(tx, eff, now):
+            raise EffectInFlight(f"side effect {key!r} is in flight in job {eff.job_id}; retry later")
         if not retry_unknown:
             # Record the doubt (no raise after a write: the caller raises).
             unknown = Effect(key, eff.job_id, "unknown", eff.epoch)
@@ -458,6 +461,12 @@ def effect_begin(tx: Tx, lease: Lease, key: str, ttl_s: float, *, retry_unknown:
             return unknown
     tx.effect_put(lease.tenant, Effect(key, lease.job_id, "intended", lease.epoch), now)
     return None
+
+
+def _running(tx: Tx, eff: Effect, now: float) -> bool:
+    """Whether the attempt that marked ``eff`` intended still holds its lease."""
+    owner = tx.load(eff.job_id, lock=False)
+    return owner is not None and owner.lease_epoch == eff.epoch and wi.lease_is_live(owner, now)
 
 
 def effect_end(tx: Tx, lease: Lease, key: str, state: EffectState, result: Any) -> bool:
