@@ -97,6 +97,9 @@ class KafkaTransport:
             "logger": demote(logging.getLogger("agentdispatch.kafka.client")),
             "error_cb": _client_log_sink,
             "topic.metadata.refresh.interval.ms": 5000,
+            # The client's reconnect backoff doubles up to 10 s by default: a
+            # broker back after a few seconds was reached seconds late.
+            "reconnect.backoff.max.ms": 1000,
             # Only start-up creates the topic, with AGENT_TURNS_PARTITIONS.
             "allow.auto.create.topics": False,
             **(client_config or {}),
