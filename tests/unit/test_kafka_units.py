@@ -272,6 +272,16 @@ def test_kafka_redelivery_waits_for_the_group_to_pass_the_items_publish_with_bou
     # Caught up just now: at least a TTL.
     t._drained.observe(now, {0: (1000, 1000)})
     assert t.redeliver_after_s == pytest.approx(3.0, abs=0.1)
+    # The broker lost that log just now (offsets went back): what the last
+    # probe of it covered goes out again at once, not a TTL after its publish.
+    t._drained.observe(now + 0.2, {0: (0, 0)})
+    assert t._drained.lost_at == now
+    assert t.redeliver_after_s == pytest.approx(PUBLISH_MARGIN_S, abs=0.1)
+    # Items published since wait as before (the group reached the new log's
+    # first probe, so no more than a TTL).
+    t._drained.observe(now + 0.4, {0: (0, 7)})
+    lost_for = time.monotonic() - now
+    assert t.redeliver_after_s == pytest.approx(min(3.0, lost_for + PUBLISH_MARGIN_S), abs=0.1)
 
 
 def test_log_ends_from_fetches_raise_a_broker_answer_that_left_records_out():

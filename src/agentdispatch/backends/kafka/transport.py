@@ -165,7 +165,8 @@ class KafkaTransport:
         after a broker restart. So an item waits until the group has consumed
         past a probe of the log taken after its publish, or the broker lost
         the log that probe saw (:class:`Drained`): each stranded item goes
-        out again once. At least about a TTL; at most twice a TTL plus twice
+        out again once. At least about a TTL (a second for an item published
+        before the last probe of a log the broker lost); at most twice a TTL plus twice
         the time the group needs to consume its slowest partition's backlog
         at its recent rate, plus ``stall_s`` while the group consumes nothing
         from a partition with a backlog (rejoining, or wedged: its items go
@@ -191,7 +192,15 @@ class KafkaTransport:
             return max(base, cap)
         # Store and broker clocks may differ a little: a copy too many is the
         # price of a margin too small, never a lost item.
-        return max(base, min(cap, now - cutoff + min(base, PUBLISH_MARGIN_S)))
+        margin = min(base, PUBLISH_MARGIN_S)
+        wait = max(base, min(cap, now - cutoff + margin))
+        lost = self._drained.lost_at
+        if lost is not None:
+            # An item published before a log the broker lost is gone for
+            # certain: out again at once, so its copy waits in the new log
+            # while the group rejoins, not a TTL after its last publish.
+            wait = min(wait, max(margin, now - lost + margin))
+        return wait
 
     @redeliver_after_s.setter
     def redeliver_after_s(self, value: float) -> None:

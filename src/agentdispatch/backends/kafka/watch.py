@@ -143,6 +143,8 @@ class Drained:
         self._cutoff: float | None = None
         self._last: tuple[float, dict[int, int], dict[int, int]] | None = None
         self.probed = False
+        #: The last probe of the latest log the broker lost, if any.
+        self.lost_at: float | None = None
 
     def observe(self, started: float, positions: Positions, reported: Positions | None = None) -> None:
         """One probe whose watermarks cover every message confirmed before
@@ -164,6 +166,7 @@ class Drained:
                 # group ever reaches the new log's watermarks (a long turn
                 # holds a partition's commit back for as long as it runs).
                 self._cutoff = last_at if self._cutoff is None else max(self._cutoff, last_at)
+                self.lost_at = last_at
         self._last = (started, said, done)
         self._probes.append((started, highs))
         for i in range(len(self._probes) - 1, -1, -1):
