@@ -336,6 +336,32 @@ def test_broker_restart_loses_the_log_and_the_reconciler_republishes(fleet: Flee
     assert republished > 0
 
 
+@pytest.mark.slow
+def test_a_broker_restart_re_publishes_each_stranded_item_about_once(fleet: Fleet) -> None:
+    """A restarted broker loses its log: every ready item it held is stranded
+    and must go out again -- once, not once per TTL while the group works
+    through the re-published backlog (that only lengthens the log with
+    duplicates the workers must read past). The workers take several TTLs to
+    drain it; every item still finishes."""
+    jobs = fleet.submit(180, sessions=180, sleep=0.12)
+    fleet.spawn(threads=2)
+    deadline = time.monotonic() + 60
+    while fleet.succeeded(jobs) < 20:  # the group consumes: its pace is known
+        assert time.monotonic() < deadline, "workers made no progress"
+        fleet.reap()
+        time.sleep(0.05)
+    fleet.broker.kill()
+    stranded = [j for j in jobs if not fleet.store.get(j, None).status.terminal]
+    fleet.broker.start()  # memory storage: topic, log and offsets are gone
+    restarted = fleet.wait_or_restart(jobs, workers=1)
+    ev = fleet.evidence(jobs)
+    redelivered = sum(1 for j in jobs for e in fleet.store.history(j, None)["events"] if e["event"] == "redelivered")
+    print(f"\nkafka restart: {len(stranded)} stranded, {redelivered} re-published, {restarted} restarted, {ev}")
+    assert ev["succeeded"] == ev["jobs"] and ev["lost"] == 0, ev
+    assert ev["duplicate_effects"] == 0 and ev["session_overlaps"] == 0, ev
+    assert redelivered <= 1.5 * len(stranded), f"{redelivered} re-publications for {len(stranded)} stranded items"
+
+
 def test_workers_rejoin_after_broker_restarts_without_being_restarted(fleet: Fleet) -> None:
     """Tansu is SIGKILLed and restarted (empty log, no group) twice while worker
     processes run; the workers must find their group again on their own."""

@@ -172,10 +172,139 @@ def test_backlog_wait_grows_with_lag_over_rate_and_is_zero_when_unknown():
     b.observe(10, {0: (500, 1000), 1: (500, 1000)})  # 100 msgs/s, 1,000 left
     assert b.wait_s(10) == pytest.approx(20.0)
     assert b.wait_s(100) == 0.0  # stale
-    b.observe(20, {0: (500, 1000), 1: (500, 1000)})  # stalled: the rate decays, never read as 0 s
-    assert b.wait_s(20) > 20.0
+    assert not b.stalled(10)
+    b.observe(20, {0: (500, 1000), 1: (500, 1000)})  # not consumed for 10 s: stalled, not slow
+    assert b.stalled(20) and b.wait_s(20) == 0.0
     b.observe(30, {0: (1000, 1000), 1: (1000, 1000)})
-    assert b.wait_s(30) == 0.0  # drained
+    assert b.wait_s(30) == 0.0 and not b.stalled(30)  # drained
+
+
+def test_backlog_an_idle_spell_neither_slows_the_rate_nor_reads_as_a_stall():
+    from agentdispatch.backends.kafka.watch import Backlog
+
+    b = Backlog(still_s=3.0)
+    b.observe(0, {0: (0, 1000)})
+    b.observe(10, {0: (1000, 1000)})  # 100 msgs/s, then nothing to do for long
+    for t in range(11, 200):
+        b.observe(t, {0: (1000, 1000)})
+    b.observe(200, {0: (1000, 1400)})  # a new wave: its pace is still the last one seen
+    assert not b.stalled(200)
+    assert b.wait_s(200) == pytest.approx(8.0)
+    b.observe(201, {0: (1100, 1400)})
+    b.observe(204, {0: (1100, 1400)})  # then the group stops consuming
+    assert b.stalled(204) and b.wait_s(204) == 0.0
+
+
+def test_backlog_keeps_its_rate_when_a_restarted_broker_resets_the_offsets():
+    from agentdispatch.backends.kafka.watch import Backlog
+
+    b = Backlog()
+    b.observe(0, {0: (0, 2000)})
+    b.observe(10, {0: (1000, 2000)})  # 100 msgs/s
+    b.observe(11, {0: (0, 500)})  # a new log: offsets start again
+    assert b.wait_s(11) == pytest.approx(10.0)  # 500 left at the rate seen before
+
+
+def test_drained_cutoff_is_the_newest_probe_whose_watermarks_the_group_reached():
+    from agentdispatch.backends.kafka.watch import Drained
+
+    d = Drained()
+    d.observe(0, {0: (0, 10), 1: (0, 5)})
+    assert d.cutoff() is None  # behind the only probe
+    d.observe(1, {0: (10, 20), 1: (3, 5)})
+    assert d.cutoff() is None  # partition 1 has not reached 5 yet
+    d.observe(2, {0: (15, 20), 1: (5, 8)})
+    assert d.cutoff() == 0  # everything published before t=0 is consumed
+    d.observe(3, {0: (20, 20), 1: (8, 8)})
+    assert d.cutoff() == 3  # caught up with the latest probe
+    # A restarted broker: a new log, offsets from 0. What was published
+    # before is gone, so the group reaching the new log's watermarks counts.
+    d.observe(4, {0: (0, 2), 1: (0, 0)})
+    assert d.cutoff() == 3
+    d.observe(5, {0: (2, 2), 1: (0, 0)})
+    assert d.cutoff() == 5
+    # Never moves back.
+    d.observe(6, {0: (2, 50), 1: (0, 0)})
+    assert d.cutoff() == 5
+    # A group that never reaches the new log's end (a long turn holds a
+    # partition's commit): a second restart still moves the cutoff to the last
+    # probe of the log it lost.
+    d.observe(7, {0: (3, 80), 1: (0, 9)})
+    assert d.cutoff() == 5
+    d.observe(9, {0: (0, 4), 1: (0, 0)})
+    assert d.cutoff() == 7
+
+
+def test_kafka_redelivery_waits_for_the_group_to_pass_the_items_publish_with_bounds():
+    from agentdispatch.backends.kafka.transport import PUBLISH_MARGIN_S, KafkaTransport
+    from agentdispatch.backends.kafka.watch import Backlog, Drained
+
+    t = KafkaTransport.__new__(KafkaTransport)  # no broker: only the redelivery arithmetic
+    t._redeliver_base_s = 3.0
+    t.stall_s = 12.0
+    t._backlog = Backlog()
+    t._drained = Drained()
+    now = time.monotonic()
+    # A process that has not probed the group yet judges nothing (a fresh
+    # worker re-published a whole backlog the group had all along).
+    assert t.redeliver_after_s == 2 * 3.0 + 12.0
+    t._backlog.observe(now - 20, {0: (0, 1000)})
+    t._backlog.observe(now - 10, {0: (500, 1000)})  # 50 msgs/s, 500 left: 20 s to consume
+    t._drained.observe(now - 20, {0: (0, 400)})
+    t._drained.observe(now - 10, {0: (500, 1000)})
+    # The group passed the probe of 20 s ago: items published before it
+    # (less the publish margin) are stranded, later ones are still in the log.
+    assert t.redeliver_after_s == pytest.approx(20 + PUBLISH_MARGIN_S, abs=0.5)
+    # A group that consumes nothing (rejoining, or a wedged assignment): two
+    # TTLs and the stall watch's period, so its items keep going out.
+    fresh = Drained()
+    fresh.observe(now - 5, {0: (0, 400)})
+    t._drained, drained = fresh, t._drained
+    t._backlog, backlog = Backlog(), t._backlog
+    t._backlog.observe(now - 5, {0: (0, 400)})
+    assert t.redeliver_after_s == pytest.approx(2 * 3.0 + 12.0)
+    t._drained, t._backlog = drained, backlog
+    # At most twice a TTL plus twice the backlog time (a group stuck on one
+    # partition must not keep a lost message from coming back for long).
+    t._drained = Drained()
+    t._drained.observe(now - 500, {0: (0, 0)})
+    assert t.redeliver_after_s == pytest.approx(2 * 3.0 + 2 * 500 / 50, abs=0.5)
+    # Caught up just now: at least a TTL.
+    t._drained.observe(now, {0: (1000, 1000)})
+    assert t.redeliver_after_s == pytest.approx(3.0, abs=0.1)
+    # The broker lost that log just now (offsets went back): what the last
+    # probe of it covered goes out again at once, not a TTL after its publish.
+    t._drained.observe(now + 0.2, {0: (0, 0)})
+    assert t._drained.lost_at == now
+    assert t.redeliver_after_s == pytest.approx(PUBLISH_MARGIN_S, abs=0.1)
+    # Items published since wait as before (the group reached the new log's
+    # first probe, so no more than a TTL).
+    t._drained.observe(now + 0.4, {0: (0, 7)})
+    lost_for = time.monotonic() - now
+    assert t.redeliver_after_s == pytest.approx(min(3.0, lost_for + PUBLISH_MARGIN_S), abs=0.1)
+
+
+def test_log_ends_from_fetches_raise_a_broker_answer_that_left_records_out():
+    from agentdispatch.backends.kafka.watch import Drained, with_ends
+
+    # Tansu's ListOffsets gives 1 for a partition holding one batch of 80.
+    said = {0: (0, 1), 1: (40, 1), 2: (5, 9)}
+    seen = with_ends(said, {0: 80})
+    assert seen[0] == (0, 80)  # a consumer's fetch saw the real end
+    assert seen[1] == (40, 41)  # read past the answer: the end is unknown, never "caught up"
+    assert seen[2] == (5, 9)
+    # A consumer's end of the old log (a restart it has not fetched since)
+    # keeps the group from reading as caught up, but is no loss, and the
+    # broker's own answer still shows the loss.
+    d = Drained()
+    d.observe(0, with_ends({0: (80, 80)}, {0: 80}), {0: (80, 80)})
+    assert d.cutoff() == 0
+    d.observe(1, with_ends({0: (0, 0)}, {0: 80}), {0: (0, 0)})
+    assert d.cutoff() == 0  # the loss: what the probe at 0 covered is gone
+    d.observe(2, with_ends({0: (0, 3)}, {0: 80}), {0: (0, 3)})
+    assert d.cutoff() == 0
+    d.observe(3, with_ends({0: (3, 3)}, {0: 3}), {0: (3, 3)})
+    assert d.cutoff() == 3
 
 
 def test_a_consumer_close_that_hangs_in_the_client_does_not_hang_its_caller(caplog: pytest.LogCaptureFixture) -> None:

@@ -141,6 +141,8 @@ class OwnedConsumer:
         self._committed: dict[int, int] = {}
         self._paused = False
         self._eof: set[int] = set()
+        # Per partition: when a fetch last answered (a message or its end).
+        self._fetched_at: dict[int, float] = {}
         self._assigned_at = 0.0
         # Group liveness: when every broker went away, a consumer must see a
         # rebalance (a fresh assignment, possibly empty) once they are back.
@@ -195,11 +197,13 @@ class OwnedConsumer:
         while msg is not None:
             err = msg.error()
             if err is None:
+                self._fetched_at[int(msg.partition() or 0)] = self.last_poll
                 self._add(_entry(msg))
             elif err.fatal():
                 raise TaskQueueUnavailable(f"fatal Kafka consumer error ({err.name()})")
             elif err.code() == KafkaError._PARTITION_EOF:
                 self._eof.add(int(msg.partition() or 0))
+                self._fetched_at[int(msg.partition() or 0)] = self.last_poll
             # else transient (broker restart, rebalance): librdkafka recovers
             fetched += 1
             if fetched >= room:
@@ -416,6 +420,34 @@ class OwnedConsumer:
             return False
         try:
             return not self.closed and not self._inflight
+        finally:
+            self.lock.release()
+
+    def log_ends(self, wait_s: float = 0.5) -> dict[int, int]:
+        """Each assigned partition's log end as this consumer's fetches saw it
+        (some brokers answer a ListOffsets with less: Tansu leaves out the
+        last record batch). Empty when the consumer is closed, or its owner
+        holds it past ``wait_s``: the client must never be used while another
+        thread's close destroys it, and a probe must not wait long."""
+        if not self.lock.acquire(timeout=wait_s):
+            return {}
+        try:
+            if self.closed:
+                return {}
+            # Only partitions fetched since the brokers were last all gone: a
+            # restarted broker without persistent storage has a new log, and
+            # an end seen in the old one would read as a backlog never consumed.
+            outage = self.outage_at if self.outage_at is not None else float("-inf")
+            fresh = [p for p in self.assigned if self._fetched_at.get(p, outage) > outage]
+            out: dict[int, int] = {}
+            for p in fresh:
+                try:
+                    _low, high = self._c.get_watermark_offsets(TopicPartition(self.topic, p), cached=True)
+                except Exception:  # nothing fetched yet
+                    continue
+                if high is not None and high >= 0:
+                    out[p] = int(high)
+            return out
         finally:
             self.lock.release()
 

@@ -30,7 +30,7 @@ from ...transports.base import Delivery, get_each
 from .admin import TopicAdmin, TopicMissing
 from .consumer import SEQ_HEADER, OwnedConsumer
 from .producer import CoalescingProducer, GroupCommit, message_key
-from .watch import Backlog, StallWatch
+from .watch import Backlog, Drained, StallWatch, with_ends
 
 if TYPE_CHECKING:
     from ...stores.base import Outbox
@@ -39,6 +39,10 @@ log = logging.getLogger("agentdispatch.kafka")
 
 #: Outbox rows taken per relay step.
 RELAY_BATCH = 500
+
+#: Slack between the store's clock, which stamps an item when it is queued,
+#: and this process's, which times the relay that published it.
+PUBLISH_MARGIN_S = 1.0
 
 
 def _client_log_sink(err: Any) -> None:
@@ -78,7 +82,12 @@ class KafkaTransport:
         self.wanted_partitions = settings.agent_turns_partitions
         # About one claim TTL: a ready item not run by then lost its message.
         self._redeliver_base_s = settings.claim_ttl_s if redeliver_after_s is None else redeliver_after_s
-        self._backlog = Backlog()
+        self._backlog = Backlog(still_s=self._redeliver_base_s)
+        self._drained = Drained()
+        # When the last relay round that emptied the outbox took its rows (it
+        # returned after the broker confirmed them): every item queued before
+        # then has its message in the log, or in a log the broker lost.
+        self._relayed_through: float | None = None
         self.keepalive_s = keepalive_s
         self.timeout_s = timeout_s
         self.buffer_max = buffer_max
@@ -88,6 +97,9 @@ class KafkaTransport:
             "logger": demote(logging.getLogger("agentdispatch.kafka.client")),
             "error_cb": _client_log_sink,
             "topic.metadata.refresh.interval.ms": 5000,
+            # The client's reconnect backoff doubles up to 10 s by default: a
+            # broker back after a few seconds was reached seconds late.
+            "reconnect.backoff.max.ms": 1000,
             # Only start-up creates the topic, with AGENT_TURNS_PARTITIONS.
             "allow.auto.create.topics": False,
             **(client_config or {}),
@@ -147,11 +159,48 @@ class KafkaTransport:
     @property
     def redeliver_after_s(self) -> float:
         """How long a published, unrun item may wait before the reconciler
-        re-publishes it: about a TTL, plus twice the time the group needs to
-        reach it through the current backlog. A deep but healthy backlog is
-        not a lost message: re-publishing it every TTL only lengthened the
-        log with duplicates (several per item after a broker restart)."""
-        return self._redeliver_base_s + self._backlog.wait_s(time.monotonic())
+        re-publishes it. A message still in the log is not lost, and a copy
+        lands behind it (same key, same partition): re-publishing a healthy
+        backlog every TTL only lengthened the log, several copies per item
+        after a broker restart. So an item waits until the group has consumed
+        past a probe of the log taken after its publish, or the broker lost
+        the log that probe saw (:class:`Drained`): each stranded item goes
+        out again once. At least about a TTL (a second for an item published
+        before the last probe of a log the broker lost); at most twice a TTL plus twice
+        the time the group needs to consume its slowest partition's backlog
+        at its recent rate, plus ``stall_s`` while the group consumes nothing
+        from a partition with a backlog (rejoining, or wedged: its items go
+        out again that often). A process that has not probed the group yet
+        waits twice a TTL plus ``stall_s`` (it would re-publish a whole
+        healthy backlog)."""
+        now = time.monotonic()
+        base = self._redeliver_base_s
+        if not self._drained.probed:
+            # A process just started (or restarted by a supervisor) knows
+            # nothing of the log yet: it re-published the whole backlog, which
+            # the group had all along. Its consumers' first probe tells, at
+            # once; the bound keeps a process whose probes fail from holding
+            # stranded items back for long.
+            return 2 * base + self.stall_s
+        # A backlog the group is not consuming: a rejoin after a restart
+        # (no copy would run sooner), or an assignment the broker wedged
+        # (the stall watch rejoins after stall_s); copies wait that long.
+        stalled = self.stall_s if self._backlog.stalled(now) else 0.0
+        cap = min(Backlog.MAX_WAIT_S, 2 * base + self._backlog.wait_s(now) + stalled)
+        cutoff = self._drained.cutoff()
+        if cutoff is None:  # the group has not caught up with any probe yet
+            return max(base, cap)
+        # Store and broker clocks may differ a little: a copy too many is the
+        # price of a margin too small, never a lost item.
+        margin = min(base, PUBLISH_MARGIN_S)
+        wait = max(base, min(cap, now - cutoff + margin))
+        lost = self._drained.lost_at
+        if lost is not None:
+            # An item published before a log the broker lost is gone for
+            # certain: out again at once, so its copy waits in the new log
+            # while the group rejoins, not a TTL after its last publish.
+            wait = min(wait, max(margin, now - lost + margin))
+        return wait
 
     @redeliver_after_s.setter
     def redeliver_after_s(self, value: float) -> None:
@@ -254,13 +303,16 @@ class KafkaTransport:
     def _drain(self, store: Outbox) -> int:
         total = 0
         while True:
+            took = time.monotonic()
             rows = store.outbox_take(RELAY_BATCH)
-            if not rows:
-                return total
-            self.put_many([r.envelope for r in rows], [r.seq for r in rows])
-            store.outbox_done([r.id for r in rows])  # only after delivery
-            total += len(rows)
+            if rows:
+                self.put_many([r.envelope for r in rows], [r.seq for r in rows])
+                store.outbox_done([r.id for r in rows])  # only after delivery
+                total += len(rows)
             if len(rows) < RELAY_BATCH:
+                # Rows are deleted only once confirmed, so this take saw every
+                # row not yet confirmed, and all of them are now.
+                self._relayed_through = took
                 return total
 
     # -- consuming -------------------------------------------------------------------
@@ -349,29 +401,72 @@ class KafkaTransport:
 
     def _watch_loop(self) -> None:
         # Its own thread: the probe may wait on the broker, which must not
-        # delay the keepalive polls.
-        while not self._stop.wait(max(0.5, self.stall_s / 4)):
-            with self._lock:
-                consumers = [oc for oc in self._consumers.values() if not oc.closed]
-            if not consumers:
-                continue
+        # delay the keepalive polls. Often enough that the redelivery cutoff
+        # (Drained) follows the group within a fraction of a TTL.
+        every = max(0.5, min(self.stall_s / 4, self._redeliver_base_s / 2))
+        wait = 0.0  # the first probe at once: until then re-publication waits longer
+        while not self._stop.wait(wait):
+            wait = every
             try:
-                positions = self._admin.positions()
-            except TopicMissing:
-                # A restarted broker that lost its log: re-create the topic now,
-                # so the consumers' next metadata refresh finds it, rather than
-                # when a publish of this process fails (its flush timeout later).
-                self._reensure()
-                continue
-            except AgentDispatchError:
-                continue  # unreachable: nothing to consume yet
-            holding = any(oc.assigned for oc in consumers)
-            self._backlog.observe(time.monotonic(), positions)
-            if self._stall.observe(time.monotonic(), positions, holding):
-                log.warning("the consumer group made no progress with turns waiting: rejoining the group")
-                for oc in consumers:
-                    self.rejoins += 1
-                    self._retire(oc)
+                self._watch_once()
+            except Exception:
+                # The stall watch is what gets a wedged group consuming again:
+                # its thread must outlive anything a probe runs into.
+                log.warning("the consumer group watch failed a round", exc_info=True)
+
+    def _watch_once(self) -> None:
+        """One round: probe the group, rejoin it if it stalled, then follow
+        what the group has consumed (the redelivery cutoff)."""
+        with self._lock:
+            consumers = [oc for oc in self._consumers.values() if not oc.closed]
+        if not consumers:
+            return
+        started = time.monotonic()
+        # Read before the probe: an outbox empty now means every item queued
+        # before ``started`` has its message below the watermarks read next.
+        relayed = self._outbox_empty_at(started)
+        try:
+            positions = self._admin.positions()
+        except TopicMissing:
+            # A restarted broker that lost its log: re-create the topic now,
+            # so the consumers' next metadata refresh finds it, rather than
+            # when a publish of this process fails (its flush timeout later).
+            self._reensure()
+            return
+        except AgentDispatchError:
+            return  # unreachable: nothing to consume yet
+        holding = any(oc.assigned for oc in consumers)
+        # The stall decision first, on the broker's own answer, exactly as
+        # without the cutoff: nothing below may delay or prevent a rejoin.
+        if self._stall.observe(time.monotonic(), positions, holding):
+            log.warning("the consumer group made no progress with turns waiting: rejoining the group")
+            for oc in consumers:
+                self.rejoins += 1
+                self._retire(oc)
+        ends: dict[int, int] = {}
+        for oc in consumers:
+            for p, end in oc.log_ends().items():
+                ends[p] = max(end, ends.get(p, end))
+        seen = with_ends(positions, ends)
+        self._backlog.observe(time.monotonic(), seen)
+        if relayed is not None:
+            # An item queued after the last emptying relay may be published
+            # after this probe (an outbox row left by an outage, published
+            # late): it is covered from that relay on, not from the probe.
+            self._drained.observe(min(started, relayed), seen, positions)
+
+    def _outbox_empty_at(self, now: float) -> float | None:
+        """The latest time every item queued before it had its message
+        confirmed: the last emptying relay round of this process, or ``now``
+        if the outbox is empty now (another process relayed it)."""
+        store = self._outbox
+        if store is not None:
+            try:
+                if not store.outbox_take(1):
+                    self._relayed_through = now
+            except Exception:  # the group watch must outlive a store error (locked, disk full)
+                pass  # the last relay round tells
+        return self._relayed_through
 
     def _rejoin(self, oc: OwnedConsumer) -> None:
         log.warning("a Kafka consumer saw no rebalance after the brokers came back: rejoining the group")
