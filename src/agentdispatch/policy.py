@@ -135,7 +135,9 @@ class ConcurrencyLimit:
       (the best estimate of its capacity, so it is regained in a few periods,
       as BIC and CUBIC do), and past it ``step`` at a time (default 2% of the
       limit in force, at least 1): each time the limit crosses the gateway's
-      capacity again about one step of calls is refused."""
+      capacity again about one step of calls is refused. Only while the turns
+      in flight come within a step of the limit: one they do not fill says
+      nothing of the gateway."""
 
     ceiling: int
     floor: int = 1
@@ -153,6 +155,8 @@ class ConcurrencyLimit:
     _cut_at: float = float("-inf")
     #: The limit the last cut started from (0: none yet).
     _refused_at: int = 0
+    #: The most turns in flight seen since the limit last rose (None: unknown).
+    _peak: int | None = None
     _full_since: float | None = None
     _ramping: bool = True
     _succeeded: bool = False
@@ -171,6 +175,7 @@ class ConcurrencyLimit:
         """Slow start: raise the limit by ``ramp_factor`` ``ramp_every_s``
         after ``in_flight`` first reached it (a limit that claims have not
         filled yet has not been tried against the gateway)."""
+        self._peak = in_flight if self._peak is None else max(self._peak, in_flight)
         if not self._ramping:
             return
         if self._full_since is None:
@@ -209,8 +214,11 @@ class ConcurrencyLimit:
         self._quiet_since = now
         self._succeeded = False
 
-    def succeeded(self, now: float) -> None:
-        """A turn finished without overload: raise the limit once per period."""
+    def succeeded(self, now: float, in_flight: int | None = None) -> None:
+        """A turn finished without overload: raise the limit once per period,
+        if the turns in flight (``in_flight``, this one included) came near it."""
+        if in_flight is not None:
+            self._peak = in_flight if self._peak is None else max(self._peak, in_flight)
         if self._quiet_since is None:
             self._quiet_since = now
         self._succeeded = True
@@ -218,7 +226,16 @@ class ConcurrencyLimit:
             return
         if self.limit < self.ceiling and now >= self._cool_until and now - self._quiet_since >= self.increase_every_s:
             probe = self.step or max(1, self.limit // 50)
+            # A limit the turns did not fill (claims lagged, the loop was
+            # starved) was not tried against the gateway: raising it would only
+            # let the next burst of claims overshoot (as RFC 7661 keeps TCP's
+            # window from growing while the sender is application-limited).
+            if self._peak is not None and self._peak < self.limit - probe:
+                self._peak = None
+                self._quiet_since = now
+                return
             self.limit = min(self.ceiling, self.limit + max(probe, (self._refused_at - self.limit) // 2))
+            self._peak = None
             self._quiet_since = now
             self._succeeded = False
 

@@ -78,6 +78,23 @@ def test_a_refusal_in_the_period_postpones_the_increase():
     assert lim.limit == 475
 
 
+def test_a_limit_the_turns_do_not_fill_does_not_grow():
+    lim = ConcurrencyLimit(ceiling=1000, limit=500)
+    lim.overloaded(0.0)
+    assert lim.limit == 450
+    # Claims lag (a starved loop): fewer than the limit less a step in flight.
+    lim.tick(0.5, 400)
+    lim.succeeded(1.0, in_flight=430)
+    lim.succeeded(2.0, in_flight=420)
+    assert lim.limit == 450
+    # Filled again within a step: the next period grows.
+    lim.tick(2.5, 445)
+    lim.succeeded(3.0, in_flight=441)
+    assert lim.limit == 475
+    lim.succeeded(4.0, in_flight=470)
+    assert lim.limit == 487
+
+
 def test_slow_start_grows_a_period_after_the_limit_was_filled():
     lim = ConcurrencyLimit(ceiling=2000, initial=256, ramp_every_s=0.5, ramp_factor=1.5)
     assert lim.limit == 256

@@ -309,7 +309,7 @@ class AsyncWorker:
             in_flight = len(self.running) + 1
             self.limit.overloaded(now, r.overload.retry_after_s, started_at=r.started_at, in_flight=in_flight)
         elif outcome is not None and outcome.ok:
-            self.limit.succeeded(now)
+            self.limit.succeeded(now, in_flight=len(self.running) + 1)
         if outcome is None or r.stop is not None:
             # Nothing to commit: give the delivery back (and, at shutdown, the lease).
             why = r.stop or TurnEnd.FENCED
