@@ -209,6 +209,13 @@ class ConcurrencyLimit:
             self.limit = max(self.floor, cut)
             self._cut_at = now
             self._cool_until = now + max(self.cooldown_s, retry_after_s)
+        elif self._refused_at > 1:
+            # Another refusal of the burst: one more turn was in flight than the
+            # gateway took, so the cut is not repeated but its base is one less
+            # (a slow-start step that overshot by hundreds lands near the
+            # capacity at once, not after a cascade of cuts and refused claims).
+            self._refused_at -= 1
+            self.limit = max(self.floor, min(self.limit, round(self._refused_at * self.decrease)))
         self._ramping = False
         self._hold_until = max(self._hold_until, now + retry_after_s)
         self._quiet_since = now

@@ -24,12 +24,23 @@ def test_a_refused_turn_that_started_before_the_cut_cuts_nothing_more():
     lim = ConcurrencyLimit(ceiling=1000, limit=1000)
     lim.overloaded(10.0, retry_after_s=1.0, started_at=9.0)
     assert lim.limit == 900
-    # Stragglers of the same burst, refused long after the cool-down.
+    # Stragglers of the same burst, refused long after the cool-down: no new
+    # cut, but each says the gateway took one turn less than the cut assumed.
     for t in (10.5, 12.0, 20.0):
         lim.overloaded(t, started_at=9.5)
-    assert lim.limit == 900
+    assert lim.limit == 897
     lim.overloaded(21.0, started_at=20.5)  # a turn started under the new limit
-    assert lim.limit == 810
+    assert lim.limit == 807
+
+
+def test_a_slow_start_overshoot_lands_near_the_capacity_in_one_burst():
+    lim = ConcurrencyLimit(ceiling=2000, limit=864)
+    # 864 claimed at once; the gateway takes 564 of them and refuses 300.
+    lim.overloaded(10.0, retry_after_s=1.0, started_at=9.5, in_flight=864)
+    assert lim.limit == 778
+    for i in range(299):
+        lim.overloaded(10.0 + i / 1000, retry_after_s=1.0, started_at=9.5, in_flight=863 - i)
+    assert lim.limit == round(0.9 * 565)
 
 
 def test_the_cut_starts_from_the_turns_in_flight_when_refused():
@@ -73,9 +84,9 @@ def test_a_refusal_in_the_period_postpones_the_increase():
     lim.overloaded(0.0, started_at=-1.0)
     lim.overloaded(1.5, started_at=-0.5)  # a straggler: no cut, but not quiet either
     lim.succeeded(2.0)
-    assert lim.limit == 450
+    assert lim.limit == 449  # the straggler: one less
     lim.succeeded(2.5)
-    assert lim.limit == 475
+    assert lim.limit == 474
 
 
 def test_a_limit_the_turns_do_not_fill_does_not_grow():
