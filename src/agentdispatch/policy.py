@@ -126,8 +126,9 @@ class ConcurrencyLimit:
       refused (the limit may have run ahead of them: that count is what the
       gateway could not take), and claims wait out the gateway's retry-after.
       A refusal of a turn that started before the last cut belongs to the
-      burst that caused it and cuts nothing more (TCP cuts once per window);
-      without the turn's start, ``cooldown_s`` separates bursts. The cut is
+      burst that caused it and cuts nothing more (TCP cuts once per window),
+      but lowers the cut's base by one; without the turn's start,
+      ``cooldown_s`` separates bursts. The cut is
       shallow: a refusal costs one quick failed call and the turn is retried,
       while every slot a deep cut leaves empty costs a whole turn of goodput.
     * **Increase**, once per ``increase_every_s`` in which turns succeeded and
@@ -153,7 +154,8 @@ class ConcurrencyLimit:
     _quiet_since: float | None = None  # None: no turn ended yet
     _cool_until: float = 0.0
     _cut_at: float = float("-inf")
-    #: The limit the last cut started from (0: none yet).
+    #: The turns in flight the last cut started from, less its burst's later
+    #: refusals (0: no cut yet).
     _refused_at: int = 0
     #: The most turns in flight seen since the limit last rose (None: unknown).
     _peak: int | None = None
