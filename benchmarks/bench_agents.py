@@ -558,6 +558,8 @@ def run_system(sysm: System, mock: Mock, args: argparse.Namespace) -> dict[str, 
             "rejected": full["rejected"],
             "peak_model": full["peak"],
             "active_p50": pct([float(n) for n in steady_active], 0.5),
+            # The mock is polled at an even pace: the samples' mean is a time average.
+            "active_mean": sum(steady_active) / len(steady_active) if steady_active else float("nan"),
             "limit_p50": pct(steady_limits, 0.5),
             "steady_429": steady_429,
             "renewals_per_s": renewals / max(1e-9, t2 - t0) if sysm.metrics_url else None,
@@ -659,7 +661,8 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
             f"idle RSS {r['idle_rss_mib']:.0f} MiB, backlog submitted in "
             f"{r['submit_s']:.2f} s, {r['done']} of {r['total']} done in {r['wall']:.2f} s (nan: cut at --budget-s), "
             f"peak model concurrency {r['peak_model']}, mock CPU {r['mock_cpu_ms_per_turn']:.2f} ms/turn; "
-            f"steady state: model concurrency p50 {r['active_p50']:.0f}, worker limit p50 {r['limit_p50']:.0f}, "
+            f"steady state: model concurrency p50 {r['active_p50']:.0f} mean {r['active_mean']:.0f}, "
+            f"worker limit p50 {r['limit_p50']:.0f}, "
             f"429s {100 * r['steady_429']:.1f}% of calls"
         )
         if r["renewals_per_s"] is not None:

@@ -122,19 +122,27 @@ class ConcurrencyLimit:
       gateway's capacity unnoticed: a gentler factor than TCP's doubling keeps
       that overshoot small.
     * **Multiplicative decrease**, once per burst: a handler's overload cuts
-      the limit to ``decrease`` of itself, and claims wait out the gateway's
-      retry-after. A refusal of a turn that started before the last cut
-      belongs to the burst that caused it and cuts nothing more (TCP cuts
-      once per window); without the turn's start, ``cooldown_s`` separates
-      bursts.
-    * **Additive increase**: ``step`` more per ``increase_every_s`` in which
-      turns succeeded and none was refused (default 2% of the limit in force,
-      at least 1): each time the limit crosses the gateway's capacity again
-      about one step of calls is refused."""
+      the limit to ``decrease`` of the turns in flight when the gateway
+      refused (the limit may have run ahead of them: that count is what the
+      gateway could not take), and claims wait out the gateway's retry-after.
+      A refusal of a turn that started before the last cut belongs to the
+      burst that caused it and cuts nothing more (TCP cuts once per window),
+      but lowers the cut's base by one; without the turn's start,
+      ``cooldown_s`` separates bursts. The cut is
+      shallow: a refusal costs one quick failed call and the turn is retried,
+      while every slot a deep cut leaves empty costs a whole turn of goodput.
+    * **Increase**, once per ``increase_every_s`` in which turns succeeded and
+      none was refused: half the way back to where the gateway last refused
+      (the best estimate of its capacity, so it is regained in a few periods,
+      as BIC and CUBIC do), and past it ``step`` at a time (default 2% of the
+      limit in force, at least 1): each time the limit crosses the gateway's
+      capacity again about one step of calls is refused. Only while the turns
+      in flight come within a step of the limit: one they do not fill says
+      nothing of the gateway."""
 
     ceiling: int
     floor: int = 1
-    decrease: float = 0.7
+    decrease: float = 0.9
     cooldown_s: float = 1.0
     increase_every_s: float = 1.0
     step: int = 0  # 0: two percent of the limit in force, at least 1
@@ -143,9 +151,14 @@ class ConcurrencyLimit:
     ramp_every_s: float = 0.5
     ramp_factor: float = 1.5
     _hold_until: float = 0.0
-    _quiet_since: float = 0.0
+    _quiet_since: float | None = None  # None: no turn ended yet
     _cool_until: float = 0.0
     _cut_at: float = float("-inf")
+    #: The turns in flight the last cut started from, less its burst's later
+    #: refusals (0: no cut yet).
+    _refused_at: int = 0
+    #: The most turns in flight seen since the limit last rose (None: unknown).
+    _peak: int | None = None
     _full_since: float | None = None
     _ramping: bool = True
     _succeeded: bool = False
@@ -164,6 +177,7 @@ class ConcurrencyLimit:
         """Slow start: raise the limit by ``ramp_factor`` ``ramp_every_s``
         after ``in_flight`` first reached it (a limit that claims have not
         filled yet has not been tried against the gateway)."""
+        self._peak = in_flight if self._peak is None else max(self._peak, in_flight)
         if not self._ramping:
             return
         if self._full_since is None:
@@ -183,29 +197,54 @@ class ConcurrencyLimit:
             return None
         return self.ramp_every_s if self._full_since is None else max(0.0, self._full_since + self.ramp_every_s - now)
 
-    def overloaded(self, now: float, retry_after_s: float = 0.0, started_at: float | None = None) -> None:
+    def overloaded(
+        self, now: float, retry_after_s: float = 0.0, started_at: float | None = None, in_flight: int | None = None
+    ) -> None:
         """A handler reported overload: cut the limit (once per burst), hold claims.
-        ``started_at``: when the refused turn started (the worker's clock)."""
+        ``started_at``: when the refused turn started (the worker's clock);
+        ``in_flight``: the turns running when it was refused, itself included."""
         new_burst = now >= self._cool_until if started_at is None else started_at >= self._cut_at
         if new_burst:
-            self.limit = max(self.floor, round(self.limit * self.decrease))
+            self._refused_at = self.limit if in_flight is None else max(1, min(self.limit, in_flight))
+            # At least one less: a shallow cut of a small limit must still cut.
+            cut = min(self._refused_at - 1, round(self._refused_at * self.decrease))
+            self.limit = max(self.floor, cut)
             self._cut_at = now
             self._cool_until = now + max(self.cooldown_s, retry_after_s)
+        elif self._refused_at > 1:
+            # Another refusal of the burst: one more turn was in flight than the
+            # gateway took, so the cut is not repeated but its base is one less
+            # (a slow-start step that overshot by hundreds lands near the
+            # capacity at once, not after a cascade of cuts and refused claims).
+            self._refused_at -= 1
+            self.limit = max(self.floor, min(self.limit, round(self._refused_at * self.decrease)))
         self._ramping = False
         self._hold_until = max(self._hold_until, now + retry_after_s)
         self._quiet_since = now
         self._succeeded = False
 
-    def succeeded(self, now: float) -> None:
-        """A turn finished without overload: raise the limit once per period."""
-        if not self._quiet_since:
+    def succeeded(self, now: float, in_flight: int | None = None) -> None:
+        """A turn finished without overload: raise the limit once per period,
+        if the turns in flight (``in_flight``, this one included) came near it."""
+        if in_flight is not None:
+            self._peak = in_flight if self._peak is None else max(self._peak, in_flight)
+        if self._quiet_since is None:
             self._quiet_since = now
         self._succeeded = True
         if self._ramping:
             return
         if self.limit < self.ceiling and now >= self._cool_until and now - self._quiet_since >= self.increase_every_s:
-            step = self.step or max(1, self.limit // 50)
-            self.limit = min(self.ceiling, self.limit + step)
+            probe = self.step or max(1, self.limit // 50)
+            # A limit the turns did not fill (claims lagged, the loop was
+            # starved) was not tried against the gateway: raising it would only
+            # let the next burst of claims overshoot (as RFC 7661 keeps TCP's
+            # window from growing while the sender is application-limited).
+            if self._peak is not None and self._peak < self.limit - probe:
+                self._peak = None
+                self._quiet_since = now
+                return
+            self.limit = min(self.ceiling, self.limit + max(probe, (self._refused_at - self.limit) // 2))
+            self._peak = None
             self._quiet_since = now
             self._succeeded = False
 

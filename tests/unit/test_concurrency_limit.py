@@ -23,35 +23,87 @@ def test_overload_cuts_once_per_burst_and_holds_claims_for_retry_after():
 def test_a_refused_turn_that_started_before_the_cut_cuts_nothing_more():
     lim = ConcurrencyLimit(ceiling=1000, limit=1000)
     lim.overloaded(10.0, retry_after_s=1.0, started_at=9.0)
-    assert lim.limit == 700
-    # Stragglers of the same burst, refused long after the cool-down.
+    assert lim.limit == 900
+    # Stragglers of the same burst, refused long after the cool-down: no new
+    # cut, but each says the gateway took one turn less than the cut assumed.
     for t in (10.5, 12.0, 20.0):
         lim.overloaded(t, started_at=9.5)
-    assert lim.limit == 700
+    assert lim.limit == 897
     lim.overloaded(21.0, started_at=20.5)  # a turn started under the new limit
-    assert lim.limit == 490
+    assert lim.limit == 807
 
 
-def test_successes_raise_the_limit_additively_up_to_the_ceiling():
+def test_a_slow_start_overshoot_lands_near_the_capacity_in_one_burst():
+    lim = ConcurrencyLimit(ceiling=2000, limit=864)
+    # 864 claimed at once; the gateway takes 564 of them and refuses 300.
+    lim.overloaded(10.0, retry_after_s=1.0, started_at=9.5, in_flight=864)
+    assert lim.limit == 778
+    for i in range(299):
+        lim.overloaded(10.0 + i / 1000, retry_after_s=1.0, started_at=9.5, in_flight=863 - i)
+    assert lim.limit == round(0.9 * 565)
+
+
+def test_the_cut_starts_from_the_turns_in_flight_when_refused():
+    lim = ConcurrencyLimit(ceiling=2000, limit=1000)
+    # The limit ran ahead of the turns running: the gateway refused at 600.
+    lim.overloaded(10.0, started_at=9.0, in_flight=600)
+    assert lim.limit == 540
+    # More in flight than the limit (turns started before the cut): the limit counts.
+    lim.overloaded(20.0, started_at=19.0, in_flight=700)
+    assert lim.limit == 486
+
+
+def test_successes_regain_half_the_way_to_the_last_refusal_a_period():
     lim = ConcurrencyLimit(ceiling=200, limit=200, step=10, decrease=0.5)
     lim.overloaded(0.0)
     assert lim.limit == 100
     lim.succeeded(0.5)  # still cooling down
     assert lim.limit == 100
-    now = 1.0
-    for _ in range(30):
-        now += 1.0
+    seen = []
+    for now in (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0):
         lim.succeeded(now)
-    assert lim.limit == 200  # +10 a period, capped
+        seen.append(lim.limit)
+    # Half the distance to 200 a period, at least a step, capped at the ceiling.
+    assert seen == [150, 150, 175, 187, 197, 200, 200]
 
 
-def test_the_default_step_is_two_percent_of_the_limit_in_force():
+def test_past_the_last_refusal_the_default_step_is_two_percent_of_the_limit():
     lim = ConcurrencyLimit(ceiling=10_000, limit=500)
     lim.overloaded(0.0)
-    assert lim.limit == 350
-    lim.succeeded(1.0)
+    assert lim.limit == 450
+    seen = []
+    for now in (1.0, 2.0, 3.0, 4.0, 5.0, 6.0):
+        lim.succeeded(now)
+        seen.append(lim.limit)
+    # +25, +12, +9 (two percent beats half of 4), then probing: +9, +10, +10.
+    assert seen == [475, 487, 496, 505, 515, 525]
+
+
+def test_a_refusal_in_the_period_postpones_the_increase():
+    lim = ConcurrencyLimit(ceiling=1000, limit=500)
+    lim.overloaded(0.0, started_at=-1.0)
+    lim.overloaded(1.5, started_at=-0.5)  # a straggler: no cut, but not quiet either
     lim.succeeded(2.0)
-    assert lim.limit == 357  # +7, not +100 (one percent of the ceiling)
+    assert lim.limit == 449  # the straggler: one less
+    lim.succeeded(2.5)
+    assert lim.limit == 474
+
+
+def test_a_limit_the_turns_do_not_fill_does_not_grow():
+    lim = ConcurrencyLimit(ceiling=1000, limit=500)
+    lim.overloaded(0.0)
+    assert lim.limit == 450
+    # Claims lag (a starved loop): fewer than the limit less a step in flight.
+    lim.tick(0.5, 400)
+    lim.succeeded(1.0, in_flight=430)
+    lim.succeeded(2.0, in_flight=420)
+    assert lim.limit == 450
+    # Filled again within a step: the next period grows.
+    lim.tick(2.5, 445)
+    lim.succeeded(3.0, in_flight=441)
+    assert lim.limit == 475
+    lim.succeeded(4.0, in_flight=470)
+    assert lim.limit == 487
 
 
 def test_slow_start_grows_a_period_after_the_limit_was_filled():
@@ -90,19 +142,25 @@ def test_overload_ends_the_slow_start():
     lim.tick(0.5, 256)
     assert lim.limit == 512
     lim.overloaded(0.6, retry_after_s=1.0, started_at=0.55)
-    assert lim.limit == 358
+    assert lim.limit == 461
     assert lim.ramp_in(0.6) is None
-    lim.tick(5.0, 358)
-    lim.tick(6.0, 358)
-    assert lim.limit == 358  # no more doubling: additive increase from here on
+    lim.tick(5.0, 461)
+    lim.tick(6.0, 461)
+    assert lim.limit == 461  # no more doubling: the increase after a cut from here on
     lim.succeeded(2.0)
-    assert lim.limit == 365
+    assert lim.limit == 486
 
 
 def test_a_small_ceiling_starts_at_the_ceiling():
     lim = ConcurrencyLimit(ceiling=16)
     assert lim.limit == 16
     assert lim.ramp_in(0.0) is None
+
+
+def test_a_shallow_cut_of_a_small_limit_still_cuts():
+    lim = ConcurrencyLimit(ceiling=4, limit=4)
+    lim.overloaded(0.0)
+    assert lim.limit == 3  # 0.9 x 4 rounds back to 4
 
 
 def test_the_limit_never_drops_below_the_floor():

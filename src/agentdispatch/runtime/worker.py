@@ -305,9 +305,11 @@ class AsyncWorker:
             self.metrics.in_flight.set(len(self.running))
         now = self.clock()
         if r.overload is not None:
-            self.limit.overloaded(now, r.overload.retry_after_s, started_at=r.started_at)
+            # In flight when refused: this turn left the running set just above.
+            in_flight = len(self.running) + 1
+            self.limit.overloaded(now, r.overload.retry_after_s, started_at=r.started_at, in_flight=in_flight)
         elif outcome is not None and outcome.ok:
-            self.limit.succeeded(now)
+            self.limit.succeeded(now, in_flight=len(self.running) + 1)
         if outcome is None or r.stop is not None:
             # Nothing to commit: give the delivery back (and, at shutdown, the lease).
             why = r.stop or TurnEnd.FENCED
