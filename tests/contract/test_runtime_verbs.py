@@ -72,3 +72,16 @@ def test_ledger_many_ops_naming_one_key_see_each_other_in_order(harness):
     assert got[1] is not None and got[1].state == "committed" and got[1].result == {"n": 1}
     # A repeated settlement is answered True and changes nothing.
     assert harness.store.ledger_many([LedgerOp(a, "shared", "committed", {"n": 1})]) == [True]
+
+
+def test_ledger_many_renews_every_begin_lease_and_records_each_mark(harness):
+    leases = _claimed(harness, 5)
+    before = {x.job_id: harness.store.get(x.job_id, "t").lease_expires_at for x in leases}
+    # The begins of five turns in one batch: each lease renewed (to the
+    # longer TTL) and each mark recorded, as five calls would.
+    got = harness.store.ledger_many([LedgerOp(x, f"k-{x.job_id}", ttl_s=300) for x in leases])
+    assert got == [None] * 5
+    for x in leases:
+        assert harness.store.get(x.job_id, "t").lease_expires_at > before[x.job_id] + 100
+        marks = harness.store.history(x.job_id, "t")["side_effects"]
+        assert [(e["key"], e["state"]) for e in marks] == [(f"k-{x.job_id}", "intended")]
