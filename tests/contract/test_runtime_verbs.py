@@ -58,3 +58,30 @@ def test_cancelled_since_lists_the_cancelled_jobs_after_a_time(harness):
     now, listed = harness.store.cancelled_since(before - 1.0)
     assert listed == [b.job_id] and now >= before
     assert harness.store.cancelled_since(now + 60.0)[1] == []
+
+
+def test_ledger_many_ops_naming_one_key_see_each_other_in_order(harness):
+    a, b = _claimed(harness, 2)
+    assert harness.store.ledger_many([LedgerOp(a, "shared", ttl_s=30)]) == [None]
+    # One batch: a settles the key, then b begins it (a key shared by two
+    # jobs): b finds a's record, as it would one call later.
+    got = harness.store.ledger_many(
+        [LedgerOp(a, "shared", "committed", {"n": 1}), LedgerOp(b, "shared", ttl_s=30), LedgerOp(b, "own", ttl_s=30)]
+    )
+    assert got[0] is True and got[2] is None
+    assert got[1] is not None and got[1].state == "committed" and got[1].result == {"n": 1}
+    # A repeated settlement is answered True and changes nothing.
+    assert harness.store.ledger_many([LedgerOp(a, "shared", "committed", {"n": 1})]) == [True]
+
+
+def test_ledger_many_renews_every_begin_lease_and_records_each_mark(harness):
+    leases = _claimed(harness, 5)
+    before = {x.job_id: harness.store.get(x.job_id, "t").lease_expires_at for x in leases}
+    # The begins of five turns in one batch: each lease renewed (to the
+    # longer TTL) and each mark recorded, as five calls would.
+    got = harness.store.ledger_many([LedgerOp(x, f"k-{x.job_id}", ttl_s=300) for x in leases])
+    assert got == [None] * 5
+    for x in leases:
+        assert harness.store.get(x.job_id, "t").lease_expires_at > before[x.job_id] + 100
+        marks = harness.store.history(x.job_id, "t")["side_effects"]
+        assert [(e["key"], e["state"]) for e in marks] == [(f"k-{x.job_id}", "intended")]

@@ -34,7 +34,15 @@ def test_only_settings_reads_the_environment() -> None:
 
 
 #: The seams every backend implements; they belong to no database.
-SEAM_MODULES = {"stores.base", "stores.engine", "stores.rows", "stores.schema", "transports.base", "transports.flow"}
+SEAM_MODULES = {
+    "stores.base",
+    "stores.engine",
+    "stores.ledger",
+    "stores.rows",
+    "stores.schema",
+    "transports.base",
+    "transports.flow",
+}
 
 
 def _absolute(path: Path, name: str) -> str:

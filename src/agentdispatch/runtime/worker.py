@@ -77,6 +77,8 @@ class AsyncWorker:
         self.observe = TurnObserver(self.metrics)
         self.renewer.on_late = self.metrics.renew_late.observe
         self.metrics.renew_lateness.set_function(lambda: self.renewer.worst_lateness_s)
+        # Read at each scrape: a set per turn started and ended costs a lock each.
+        self.metrics.in_flight.set_function(lambda: len(self.running))
         #: Claims, commits and releases in batches, each one transaction where
         #: the queue lives in the store's database.
         self.flow = open_flow(store, transport)
@@ -276,7 +278,6 @@ class AsyncWorker:
         self.metrics.attempts.observe(item.attempt)
         self.running.add(r)
         self._by_job[item.id] = r
-        self.metrics.in_flight.set(len(self.running))
         self.renewer.add(guard)
         r.task = asyncio.create_task(self._turn(r, handlers), name=f"turn-{item.id}")
 
@@ -302,7 +303,6 @@ class AsyncWorker:
             self.running.discard(r)
             if self._by_job.get(r.item.id) is r:
                 del self._by_job[r.item.id]
-            self.metrics.in_flight.set(len(self.running))
         now = self.clock()
         if r.overload is not None:
             # In flight when refused: this turn left the running set just above.

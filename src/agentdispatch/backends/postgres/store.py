@@ -39,6 +39,7 @@ from ...stores.base import (
     TenantCount,
     WorkerRow,
 )
+from ...stores.ledger import ledger_batch
 from ...stores.rows import (
     advance_params,
     effect_from_row,
@@ -408,7 +409,7 @@ class PostgresStore:
                         f"job {o.lease.job_id}: lease epoch {o.lease.epoch} expired while recording {o.key!r}"
                     )
 
-            out = engine.ledger_many(tx, ops, settled)
+            out = ledger_batch(tx, ops, settled=settled)
             return [lost.get(id(o), a) for o, a in zip(ops, out, strict=True)]
 
         # Not idempotent (a begin repeated after an unknown COMMIT would read its

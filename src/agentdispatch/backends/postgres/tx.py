@@ -38,6 +38,7 @@ _INSERT_COLS = (
     "ready_at", "updated_at", "lease_epoch",
 )  # fmt: skip
 _EVENT_COLS = ("job_id", "at", "event", "status", "attempt", "epoch", "detail")
+_EFFECT_COLS = ("tenant", "key", "job_id", "state", "epoch", "result")
 _ENQUEUE_COLS = (
     "job_id", "item_seq", "session_ref", "tenant_ref", "group_ref", "priority", "deadline_unix",
     "envelope", "enqueued_at", "visible_at",
@@ -406,6 +407,15 @@ class PostgresTx:
     def effect_settle(self, tenant: str, effect: Effect, now: float) -> bool:
         self.flush()
         return self.c.execute(Q["effect_settle"], effect_params(tenant, effect, now)).rowcount == 1
+
+    def effects_read(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Effect]:
+        params = {"tenants": [t for t, _ in keys], "keys": [k for _, k in keys]}
+        return {(r["tenant"], r["key"]): effect_from_row(r) for r in self._all(Q["effects_read"], params)}
+
+    def effects_write(self, rows: Sequence[tuple[str, Effect]], now: float) -> None:
+        self.flush()
+        params = _columns([effect_params(t, e, now) for t, e in rows], _EFFECT_COLS)
+        self.c.execute(Q["effects_write"], {**params, "now": now}, binary=True)
 
     def effects_of(self, job_id: str) -> list[Effect]:
         return [effect_from_row(r) for r in self._all(Q["effects_of"], {"id": job_id})]

@@ -14,7 +14,7 @@ from ...transports.base import Delivery, Transport
 from ...transports.flow import Flow, Shared
 from ...workitem import Lease, Outcome, WorkItem
 from .store import SqliteStore
-from .transport import SqliteTransport, ack_on, get_on, release_on
+from .transport import SqliteTransport, ack_many_on, get_on, release_on
 
 #: One writer at a time: a claim riding in a commit's transaction holds no
 #: fairness mark back from other claimants (they wait for the write lock anyway).
@@ -52,8 +52,7 @@ class SqliteSides:
         self.store.poison_on(c, raw, reason)
 
     def ack(self, c: sqlite3.Connection, deliveries: Sequence[Delivery]) -> None:
-        for d in deliveries:
-            ack_on(c, d)
+        ack_many_on(c, deliveries)
 
     def release(self, c: sqlite3.Connection, delivery: Delivery, delay_s: float) -> None:
         release_on(c, delivery, delay_s)

@@ -33,6 +33,7 @@ from ...stores.base import (
     TenantCount,
     WorkerRow,
 )
+from ...stores.ledger import ledger_batch
 from ...stores.rows import (
     advance_params,
     blocker_wait,
@@ -215,6 +216,14 @@ class SqliteTx:
 
     def effect_settle(self, tenant: str, effect: Effect, now: float) -> bool:
         return self._read(Q["effect_settle"], effect_params(tenant, effect, now)).rowcount == 1
+
+    def effects_read(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Effect]:
+        rows = self._read(Q["effects_read"], (json.dumps(keys),))
+        return {(r["tenant"], r["key"]): effect_from_row(r) for r in rows}
+
+    def effects_write(self, rows: Sequence[tuple[str, Effect]], now: float) -> None:
+        self.flush()
+        self.c.executemany(Q["effect_put"], [effect_params(t, e, now) for t, e in rows])
 
     def effects_of(self, job_id: str) -> list[Effect]:
         return [effect_from_row(r) for r in self._read(Q["effects_of"], (job_id,))]
@@ -488,8 +497,8 @@ class SqliteStore:
         if not ops:
             return []
         with self._tx(durable=True) as tx:
-            tx.prefetch([op.lease.job_id for op in ops if op.state is None])
-            return engine.ledger_many(tx, ops)
+            # The begins' leases renewed by one statement, as the renewer does.
+            return ledger_batch(tx, ops, renew=lambda leases, ttl_s: self.renew_on(tx.c, leases, ttl_s))
 
     def wait_for_submission(self, timeout_s: float, *, every_s: float = 0.002) -> bool:
         """Until an item is submitted to this file, by any process (True), or

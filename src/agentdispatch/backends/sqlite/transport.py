@@ -115,6 +115,11 @@ def ack_on(c: sqlite3.Connection, delivery: Delivery) -> bool:
     return c.execute(Q["ack"], _receipt_params(delivery)).rowcount == 1
 
 
+def ack_many_on(c: sqlite3.Connection, deliveries: Sequence[Delivery]) -> None:
+    """:func:`ack_on` for each delivery, one ``executemany``."""
+    c.executemany(Q["ack"], [_receipt_params(d) for d in deliveries])
+
+
 def release_on(c: sqlite3.Connection, delivery: Delivery, delay_s: float) -> None:
     """Make the delivery's row visible again after ``delay_s``."""
     c.execute(Q["release"], {**_receipt_params(delivery), "now": clock(), "delay": delay_s})

@@ -173,6 +173,24 @@ LIMIT 1
 -- Locked: a stale attempt settling its mark waits for (or precedes) this read.
 SELECT * FROM side_effects WHERE tenant = %(tenant)s AND key = %(key)s FOR UPDATE
 
+-- name: effects_read
+-- The rows of many (tenant, key) pairs, locked in key order (writers of
+-- overlapping batches cannot deadlock).
+SELECT s.* FROM side_effects AS s
+JOIN unnest(%(tenants)s::text[], %(keys)s::text[]) AS k (tenant, key) ON s.tenant = k.tenant AND s.key = k.key
+ORDER BY s.tenant, s.key
+FOR UPDATE OF s
+
+-- name: effects_write
+-- effect_put for many rows (distinct keys) in one statement.
+INSERT INTO side_effects (tenant, key, job_id, state, epoch, result, created_at, updated_at)
+SELECT tenant, key, job_id, state, epoch, result, %(now)s, %(now)s
+FROM unnest(%(tenant)s::text[], %(key)s::text[], %(job_id)s::text[], %(state)s::text[], %(epoch)s::bigint[],
+            %(result)s::text[]) AS x (tenant, key, job_id, state, epoch, result)
+ON CONFLICT (tenant, key) DO UPDATE SET
+    state = excluded.state, epoch = excluded.epoch, result = excluded.result,
+    updated_at = excluded.updated_at
+
 -- name: effect_put
 INSERT INTO side_effects (tenant, key, job_id, state, epoch, result, created_at, updated_at)
 VALUES (%(tenant)s, %(key)s, %(job_id)s, %(state)s, %(epoch)s, %(result)s, %(now)s, %(now)s)

@@ -91,6 +91,11 @@ LIMIT 1
 -- name: effect_get
 SELECT * FROM side_effects WHERE tenant = ? AND key = ?
 
+-- name: effects_read
+-- The rows of a list of [tenant, key] pairs.
+SELECT s.* FROM json_each(?) AS k
+JOIN side_effects AS s ON s.tenant = json_extract(k.value, '$[0]') AND s.key = json_extract(k.value, '$[1]')
+
 -- name: effect_put
 INSERT INTO side_effects (tenant, key, job_id, state, epoch, result, created_at, updated_at)
 VALUES (:tenant, :key, :job_id, :state, :epoch, :result, :now, :now)
