@@ -446,9 +446,19 @@ def effect_begin(tx: Tx, lease: Lease, key: str, ttl_s: float, *, retry_unknown:
     if item is None:
         raise LeaseLost(f"job {lease.job_id} vanished")
     tx.save(wi.renew(item, lease, now, ttl_s))
-    eff = tx.effect_get(lease.tenant, key)
+    answer, write = begin_decision(tx, lease, key, tx.effect_get(lease.tenant, key), retry_unknown, now)
+    if write is not None:
+        tx.effect_put(lease.tenant, write, now)
+    return answer
+
+
+def begin_decision(
+    tx: Tx, lease: Lease, key: str, eff: Effect | None, retry_unknown: bool, now: float
+) -> tuple[Effect | None, Effect | None]:
+    """What a begin answers once its lease is renewed, and the ledger row it
+    writes (None: none). Raises when the effect is already in flight."""
     if eff is not None and eff.state == "committed":
-        return eff
+        return eff, None
     if eff is not None and eff.state in ("intended", "unknown"):
         if eff.state == "intended" and (eff.job_id, eff.epoch) == (lease.job_id, lease.epoch):
             raise EffectUnknown(f"side effect {key!r} is already in flight in this attempt")
@@ -457,10 +467,8 @@ def effect_begin(tx: Tx, lease: Lease, key: str, ttl_s: float, *, retry_unknown:
         if not retry_unknown:
             # Record the doubt (no raise after a write: the caller raises).
             unknown = Effect(key, eff.job_id, "unknown", eff.epoch)
-            tx.effect_put(lease.tenant, unknown, now)
-            return unknown
-    tx.effect_put(lease.tenant, Effect(key, lease.job_id, "intended", lease.epoch), now)
-    return None
+            return unknown, unknown
+    return None, Effect(key, lease.job_id, "intended", lease.epoch)
 
 
 def _running(tx: Tx, eff: Effect, now: float) -> bool:

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from .. import workitem as wi
-from ..errors import AgentDispatchError, EffectUnknown, LeaseLost
+from ..errors import AgentDispatchError, LeaseLost
 from ..workitem import Lease
 from .base import Effect, LedgerAnswer, LedgerOp
-from .engine import Tx
+from .engine import Tx, begin_decision
 
 #: Renew leases (one statement) for ``ttl_s``: each lease or why it was refused.
 Renew = Callable[[Sequence[Lease], float], list[Lease | LeaseLost]]
@@ -99,7 +99,10 @@ def _batch(tx: LedgerTx, ops: Sequence[LedgerOp], renew: Renew | None, settled: 
         row = rows.get((op.lease.tenant, op.key))
         try:
             if op.state is None:
-                out.append(_begin(op, row, writes))
+                answer, write = begin_decision(tx, op.lease, op.key, row, op.retry_unknown, now)
+                if write is not None:
+                    writes.append((op.lease.tenant, write))
+                out.append(answer)
             else:
                 recorded = _settle(op, row, writes)
                 if settled is not None:
@@ -110,22 +113,6 @@ def _batch(tx: LedgerTx, ops: Sequence[LedgerOp], renew: Renew | None, settled: 
     if writes:
         tx.effects_write(writes, now)
     return out
-
-
-def _begin(op: LedgerOp, row: Effect | None, writes: list[tuple[str, Effect]]) -> Effect | None:
-    """:func:`engine.effect_begin` once the lease is renewed."""
-    lease = op.lease
-    if row is not None and row.state == "committed":
-        return row
-    if row is not None and row.state in ("intended", "unknown"):
-        if row.state == "intended" and row.epoch == lease.epoch:
-            raise EffectUnknown(f"side effect {op.key!r} is already in flight in this attempt")
-        if not op.retry_unknown:
-            unknown = Effect(op.key, row.job_id, "unknown", row.epoch)
-            writes.append((lease.tenant, unknown))
-            return unknown
-    writes.append((lease.tenant, Effect(op.key, lease.job_id, "intended", lease.epoch)))
-    return None
 
 
 def _settle(op: LedgerOp, row: Effect | None, writes: list[tuple[str, Effect]]) -> bool:
