@@ -38,7 +38,7 @@ T = TypeVar("T")
 #: Seconds an installation lookup is reused by the request path.
 CACHE_S = 2.0
 #: Threads for the request path's store calls. Each is one short transaction
-#: (commits are shared: group commit on SQLite, one WAL flush on PostgreSQL),
+#: (commits are shared: group commit on SQLite and on PostgreSQL),
 #: so a few threads keep the store busy; more only take the GIL from the
 #: event loop that parses requests and sends the answers.
 STORE_THREADS = 8
