@@ -37,11 +37,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 #: Seconds an installation lookup is reused by the request path.
 CACHE_S = 2.0
-#: Threads for the request path's store calls. Each is one short transaction
-#: (commits are shared: group commit on SQLite and on PostgreSQL),
-#: so a few threads keep the store busy; more only take the GIL from the
-#: event loop that parses requests and sends the answers.
-STORE_THREADS = 8
+#: Threads for the request path's store calls. Commits are group commits on
+#: both databases: a thread waiting for its group's commit holds no CPU, but
+#: a group can hold no more deliveries than there are threads, so there are
+#: enough for a group to absorb a stall of the store.
+STORE_THREADS = 32
 
 
 class Unavailable(Exception):
