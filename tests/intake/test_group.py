@@ -141,14 +141,6 @@ class _Held:
         t.start()
         self.threads.append(t)
 
-    def waiting(self) -> int:
-        with psycopg.connect(self.uri, autocommit=True) as c:
-            row = c.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-            ).fetchone()
-            assert row is not None
-            return int(row[0])
-
     def gathered(self) -> int:
         batch = self.ist._group._open
         return 0 if batch is None else len(batch.args)
@@ -179,7 +171,7 @@ def test_a_group_commits_its_members_together_each_with_its_own_answer(h: Harnes
     try:
         for n in (1, 2):
             held.send(d, _update(inst, n), n)
-        _until(lambda: held.waiting() == 2, "both running groups to wait on the lock")
+        _until(lambda: held.ist._group._running == 2, "both groups to run (held by the lock)")
         for n in (3, 4, 5, 6):
             held.send(d, _update(inst, n), n)
         _until(lambda: held.gathered() == 4, "the next group to gather")
@@ -203,7 +195,7 @@ def test_a_group_past_its_deadline_stores_none_of_its_members(h: Harness, tmp_pa
     try:
         for n in (1, 2):
             held.send(d, _update(inst, n), n, deadline=soon)
-        _until(lambda: held.waiting() == 2, "both running groups to wait on the lock")
+        _until(lambda: held.ist._group._running == 2, "both groups to run (held by the lock)")
         for n in (3, 4, 5):
             held.send(d, _update(inst, n), n, deadline=soon + 2.0)
         _until(lambda: held.gathered() == 3, "the next group to gather")
@@ -228,7 +220,7 @@ def test_a_delivery_the_database_refuses_fails_alone(h: Harness, tmp_path: Path)
     try:
         for n in (1, 2):
             held.send(d, _update(inst, n), n)
-        _until(lambda: held.waiting() == 2, "both running groups to wait on the lock")
+        _until(lambda: held.ist._group._running == 2, "both groups to run (held by the lock)")
         for n in (3, 4, 5):
             held.send(d, _update(inst, n, text="bad\x00" if n == 4 else None), n)
         _until(lambda: held.gathered() == 3, "the next group to gather")
@@ -282,7 +274,7 @@ def test_concurrent_webhooks_held_behind_a_lock_each_get_their_own_200(pg_gatewa
                 ).fetchone()
                 return 0 if row is None else int(row[0])
 
-            _until(lambda: waiting() == 2, "both running groups to wait on the lock")
+            _until(lambda: waiting() >= 1, "a group to wait on the lock")
     finally:
         blocker.rollback()
         blocker.close()

@@ -88,6 +88,10 @@ def _count(c: Conn, name: str, /, **params: Any) -> int:
 class PostgresIntakeStore:
     """:class:`~agentdispatch.intake.base.IntakeStore` in the PostgreSQL store's database."""
 
+    #: Gateway threads for the request path: enough for a group to absorb a
+    #: stall of the database (a member waits for its group's commit in one).
+    request_threads = 32
+
     def __init__(self, store: PostgresStore) -> None:
         self.store = store
         self._group: Group[Admission, _Admit] = Group(self._admit_group, concurrency=GROUPS)
