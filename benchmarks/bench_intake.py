@@ -12,7 +12,8 @@ per second for ``--seconds`` twice against the same gateway:
   WorkItem) before its 200.
 
 It prints p50/p90/p99/max of the time from the update's due time to the end of
-the answer, intake p99 against the bare p99, the 1 s bound and the 50 ms
+the answer, the gateway process's CPU per request (less noisy than wall time
+on a shared machine), intake p99 against the bare p99, the 1 s bound and the 50 ms
 target, and at the end both backends side by side. The 50 chats are routed to
 ``--agents`` agents, so the per-agent backlog bound (256 open items) is not
 what is measured (at 200/s one agent's backlog fills in 1.3 s while the
@@ -162,10 +163,20 @@ def _pct(xs: list[float], p: float) -> float:
     return sorted(xs)[min(len(xs) - 1, int(p * len(xs)))] * 1000
 
 
-def _line(label: str, lat: list[float], codes: dict[int, int]) -> str:
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux ``/proc``; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _line(label: str, lat: list[float], codes: dict[int, int], cpu_s: float) -> str:
     return (
         f"{label:21s} n={len(lat)} codes={codes} p50={_pct(lat, 0.50):.1f}ms p90={_pct(lat, 0.90):.1f}ms "
-        f"p99={_pct(lat, 0.99):.1f}ms max={max(lat) * 1000:.1f}ms mean={statistics.mean(lat) * 1000:.1f}ms"
+        f"p99={_pct(lat, 0.99):.1f}ms max={max(lat) * 1000:.1f}ms mean={statistics.mean(lat) * 1000:.1f}ms "
+        f"cpu/req={cpu_s / len(lat) * 1000:.2f}ms"
     )
 
 
@@ -182,8 +193,11 @@ def run(name: str, env: dict[str, str], rate: float, seconds: float, threads: in
             gw = gateway(data, **env)
             try:
                 time.sleep(2.0)  # let the worker claim its sleep turns
+                c0 = _cpu_s(gw.proc.pid)
                 bare, bare_codes = asyncio.run(_load(gw.url, rate, seconds, secret="wrong-secret", first=0))
+                c1 = _cpu_s(gw.proc.pid)
                 lat, codes = asyncio.run(_load(gw.url, rate, seconds, secret=TG_SECRET, first=1_000_000))
+                c2 = _cpu_s(gw.proc.pid)
             finally:
                 gw.stop()
         finally:
@@ -191,8 +205,8 @@ def run(name: str, env: dict[str, str], rate: float, seconds: float, threads: in
             worker.wait(timeout=60)
     p99, base = _pct(lat, 0.99), _pct(bare, 0.99)
     lines = [
-        _line(f"{name} bare (401)", bare, bare_codes),
-        _line(f"{name} intake (200)", lat, codes)
+        _line(f"{name} bare (401)", bare, bare_codes, c1 - c0),
+        _line(f"{name} intake (200)", lat, codes, c2 - c1)
         + f" | p99/bare p99={p99 / base:.2f} p99/1s={p99 / 1000:.3f} p99/50ms={p99 / 50:.2f}",
     ]
     for line in lines:

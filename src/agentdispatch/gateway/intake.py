@@ -38,9 +38,12 @@ T = TypeVar("T")
 #: Seconds an installation lookup is reused by the request path.
 CACHE_S = 2.0
 #: Threads for the request path's store calls. Each is one short transaction
-#: (commits are shared: group commit on SQLite, one WAL flush on PostgreSQL),
-#: so a few threads keep the store busy; more only take the GIL from the
-#: event loop that parses requests and sends the answers.
+#: (commits are shared: group commit on SQLite and on PostgreSQL), so a few
+#: threads keep the store busy; more only take the GIL from the event loop
+#: that parses requests and sends the answers. An intake store may ask for
+#: more (``request_threads``): on PostgreSQL a thread waiting for its group's
+#: commit holds no CPU, and a group holds no more deliveries than there are
+#: threads.
 STORE_THREADS = 8
 
 
@@ -73,7 +76,8 @@ class Intake:
         self.services = services
         self.istore: IntakeStore = open_intake_store(services.store)
         # Store calls leave the event loop; a slow one is abandoned, not awaited.
-        self.pool = ThreadPoolExecutor(max_workers=STORE_THREADS, thread_name_prefix="intake")
+        threads = int(getattr(self.istore, "request_threads", STORE_THREADS))
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="intake")
         self._insts: dict[tuple[str, str], tuple[float, list[dict[str, Any]]]] = {}
         self._inst_reads: dict[tuple[str, str], asyncio.Future[list[dict[str, Any]]]] = {}
         self._secrets: dict[tuple[str, str], dict[str, Any]] = {}

@@ -1,6 +1,8 @@
 """Durable intake on PostgreSQL: the intake tables beside the WorkItems, each
 verb one transaction of the store (so a receipt and its WorkItem commit
-together). The request path is one statement (``dispatch_intake_admit``)."""
+together). The request path is one statement (``dispatch_intake_admit``)
+for each group of concurrent deliveries (:mod:`agentdispatch.intake.group`):
+one round trip and one synchronous commit answer all of them."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any, Literal
 
 import psycopg
 
+from ...errors import TaskQueueUnavailable
 from ...intake.base import (
     Abandoned,
     Admission,
@@ -25,10 +28,11 @@ from ...intake.base import (
 )
 from ...intake.envelope import IntakeEnvelope
 from ...intake.flush import group_flush
+from ...intake.group import Group
 from ...sqlfiles import Queries
 from ...stores import engine
 from ...stores.base import Accepted
-from .db import Conn
+from .db import Conn, describe
 from .store import PostgresStore
 from .tx import PostgresTx
 
@@ -39,6 +43,28 @@ _LISTS = {"installations": "inst_list", "agents": "agent_list", "routes": "route
 STATEMENT_SHARE = 0.8
 #: The statement's bound when the caller sets no deadline.
 NO_DEADLINE_MS = 60_000
+#: Groups of concurrent intakes written at once by one process: one more
+#: than one, so a group stalled behind a lock does not hold up every webhook.
+GROUPS = 2
+#: What the group statement answers a member: its row and planned WorkItem.
+_Admit = tuple[Row, list[Accepted]]
+
+
+class _MemberFailed(Exception):
+    """The group's statement failed on the data of one of its deliveries
+    (rolled back): nothing of the group is stored."""
+
+    def __init__(self, error: psycopg.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _left_ms(deadline: float | None, now: float) -> int:
+    """Of the time left before the 503, what the statement may take: the
+    server cancels it (and nothing commits) before the gateway stops waiting."""
+    if deadline is None:
+        return NO_DEADLINE_MS
+    return int((deadline - now) * 1000 * STATEMENT_SHARE)
 
 
 def _one(c: Conn, name: str, /, **params: Any) -> Row | None:
@@ -62,8 +88,13 @@ def _count(c: Conn, name: str, /, **params: Any) -> int:
 class PostgresIntakeStore:
     """:class:`~agentdispatch.intake.base.IntakeStore` in the PostgreSQL store's database."""
 
+    #: Gateway threads for the request path: enough for a group to absorb a
+    #: stall of the database (a member waits for its group's commit in one).
+    request_threads = 32
+
     def __init__(self, store: PostgresStore) -> None:
         self.store = store
+        self._group: Group[Admission, _Admit] = Group(self._admit_group, concurrency=GROUPS)
 
     @contextmanager
     def _tx(self, durable: bool = True) -> Iterator[PostgresTx]:
@@ -86,48 +117,10 @@ class PostgresIntakeStore:
         return admitted
 
     def _admit_one(self, a: Admission) -> Admitted | None:
-        """One round trip (``BEGIN``, the statement timeout,
-        ``dispatch_intake_admit``, ``COMMIT`` in one message), committed
-        asynchronously, then a WAL flush shared with concurrent intakes before
-        the answer. None: take the general path (the id is in use without a
-        receipt)."""
-        accepted: list[Accepted] = []
-
-        def run(conn: Conn) -> Row:
-            nonlocal accepted
-            rows: dict[str, Any] = {"max": a.max_depth, "at": 0.0, "items": "[]", "events": "[]", "queue": "[]"}
-            if a.job is not None:  # agent_name: the statement sets the route's
-                accepted, rows = self.store.plan_new(conn, [a.job], a.max_depth)
-            params = {
-                **rows,
-                "receipt": json.dumps(a.receipt),
-                "channel": a.channel,
-                "accept": a.job is not None,
-                "bound": a.backlog,
-            }
-            left_ms = NO_DEADLINE_MS
-            if a.deadline is not None:
-                left_ms = int((a.deadline - time.monotonic()) * 1000 * STATEMENT_SHARE)
-            if (a.abandoned is not None and a.abandoned.is_set()) or left_ms < 1:
-                raise Abandoned()
-            text = psycopg.ClientCursor(conn).mogrify(Q["admit"], params)
-            message = f"BEGIN; SET LOCAL statement_timeout = {left_ms}; {text}; COMMIT"
-            try:
-                cur = conn.execute(message.encode(), prepare=False)
-            except psycopg.errors.QueryCanceled:
-                conn.execute("ROLLBACK")
-                raise Abandoned() from None
-            row = None
-            while row is None:
-                if cur.description is not None:
-                    row = cur.fetchone()
-                elif not cur.nextset():
-                    break
-            assert row is not None
-            return dict(row)
-
-        # Idempotent: run again after a lost connection, it finds the receipt.
-        row = self.store.db.run(run, single=True, idempotent=True)
+        """Through the group of concurrent intakes (one statement, one
+        synchronous commit for all of them). None: take the general path (the
+        id is in use without a receipt)."""
+        row, accepted = self._group.call(a)
         outcome = row["outcome"]
         if outcome == "exists":
             return None
@@ -135,15 +128,98 @@ class PostgresIntakeStore:
             raise BacklogFull(row["agent"])
         if outcome == "queue_full":
             raise engine.queue_full(a.max_depth, a.max_depth)
-        # Accepted or a duplicate: answered once the receipt (ours, or the
-        # original's, perhaps committed a moment ago) is on disk.
-        group_flush(self.store.db, self.store.db.flush_wal).wait()
-        if outcome == "accepted":
+        if outcome == "accepted":  # committed synchronously: on disk
             agent = str(row["agent"])
             return Admitted(
                 [dataclasses.replace(x, item=dataclasses.replace(x.item, agent_name=agent)) for x in accepted]
             )
+        # A duplicate: the original may have committed asynchronously (the
+        # general path) a moment ago; answer once it is on disk too.
+        group_flush(self.store.db, self.store.db.flush_wal).wait()
         return Admitted([], row)
+
+    def _admit_group(self, group: list[Admission]) -> list[_Admit | BaseException]:
+        """One round trip for the group: ``BEGIN``, the statement timeout of
+        the member with the least time left, ``admit_group``, a synchronous
+        ``COMMIT``, in one message. A member whose caller has stopped waiting
+        is left out; an error of the statement fails every member and stores
+        none of them."""
+        results: list[_Admit | BaseException] = [Abandoned() for _ in group]
+        now = time.monotonic()
+        live = [
+            i
+            for i, a in enumerate(group)
+            if not (a.abandoned is not None and a.abandoned.is_set())
+            and (a.deadline is None or _left_ms(a.deadline, now) >= 1)
+        ]
+        if not live:
+            return results
+        # One order for every group of every process: two groups holding
+        # copies of the same updates wait for each other, never deadlock.
+        live.sort(key=lambda i: (group[i].receipt["connector"], group[i].receipt["source_id"]))
+        left_ms = min((_left_ms(group[i].deadline, now) for i in live), default=NO_DEADLINE_MS)
+
+        def run(conn: Conn) -> dict[int, tuple[Row, list[Accepted]]]:
+            planned: dict[int, list[Accepted]] = {}
+            cursor = psycopg.ClientCursor(conn)
+            values = []
+            for i in live:
+                a = group[i]
+                rows: dict[str, Any] = {"max": a.max_depth, "at": 0.0, "items": "[]", "events": "[]", "queue": "[]"}
+                planned[i] = []
+                if a.job is not None:  # agent_name: the statement sets the route's
+                    planned[i], rows = self.store.plan_new(conn, [a.job], a.max_depth)
+                params = {
+                    **rows,
+                    "n": i,
+                    "receipt": json.dumps(a.receipt),
+                    "channel": a.channel,
+                    "accept": a.job is not None,
+                    "bound": a.backlog,
+                }
+                values.append(cursor.mogrify(Q["admit_row"], params))
+            statement = Q["admit_group"].replace("{rows}", ", ".join(values))
+            # The statement asks for an asynchronous commit (see
+            # dispatch_intake_admit); the group commits synchronously instead:
+            # one flush covers every member, with no second round trip.
+            message = (
+                f"BEGIN; SET LOCAL statement_timeout = {max(1, left_ms)}; {statement}; "
+                "SET LOCAL synchronous_commit = on; COMMIT"
+            )
+            try:
+                cur = conn.execute(message.encode(), prepare=False)
+            except psycopg.errors.QueryCanceled:
+                conn.execute("ROLLBACK")
+                raise Abandoned() from None
+            except (psycopg.DataError, psycopg.IntegrityError) as exc:
+                conn.execute("ROLLBACK")
+                raise _MemberFailed(exc) from None
+            out: dict[int, tuple[Row, list[Accepted]]] = {}
+            while True:
+                if cur.description is not None:
+                    for r in cur.fetchall():
+                        out[int(r["n"])] = (dict(r), planned[int(r["n"])])
+                if not cur.nextset():
+                    break
+            return out
+
+        # Idempotent: run again after a lost connection, it finds the receipts.
+        try:
+            got = self.store.db.run(run, single=True, idempotent=True)
+        except _MemberFailed as failed:
+            if len(live) == 1:
+                results[live[0]] = TaskQueueUnavailable(
+                    f"PostgreSQL transaction failed ({describe(failed.error)}); check STATE_DB_URI"
+                )
+                return results
+            # A delivery the database refuses (its data) must not fail the
+            # others of its group on every retry: each alone, then.
+            for i in live:
+                results[i] = self._admit_group([group[i]])[0]
+            return results
+        for i in live:
+            results[i] = got[i]
+        return results
 
     def _admit_general(self, a: Admission) -> Admitted:
         # A commit that notifies (a new WorkItem wakes workers) holds a

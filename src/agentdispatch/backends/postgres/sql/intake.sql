@@ -161,8 +161,15 @@ SELECT pg_advisory_xact_lock(hashtext(%(key)s)) IS NULL AS locked
 -- name: now
 SELECT extract(epoch FROM clock_timestamp())::float8 AS now
 
--- name: admit
--- The request path in one statement (see dispatch_intake_admit).
-SELECT outcome, agent, answer_status, answer_type, answer_body FROM dispatch_intake_admit(
-    %(receipt)s::json, %(channel)s, %(accept)s, %(bound)s, %(max)s, %(at)s, %(items)s::json,
-    %(events)s::json, %(queue)s::json)
+-- name: admit_group
+-- A group of concurrent deliveries in one statement, in the order of n (one
+-- statement: the statement timeout bounds the whole group). The rows of
+-- admit_row follow as its VALUES.
+SELECT v.n, a.outcome, a.agent, a.answer_status, a.answer_type, a.answer_body
+FROM (VALUES {rows}) AS v (n, receipt, channel, accept, bound, max, at, items, events, queue)
+CROSS JOIN LATERAL dispatch_intake_admit(
+    v.receipt, v.channel, v.accept, v.bound, v.max, v.at, v.items, v.events, v.queue) AS a
+
+-- name: admit_row
+(%(n)s::integer, %(receipt)s::json, %(channel)s::text, %(accept)s::boolean, %(bound)s::integer,
+ %(max)s::bigint, %(at)s::float8, %(items)s::json, %(events)s::json, %(queue)s::json)

@@ -1,0 +1,285 @@
+"""Group commit of concurrent intakes on PostgreSQL: deliveries that arrive
+while earlier groups are being written share one statement and one commit,
+each gets its own answer and its own durable receipt and WorkItem; a group
+that fails stores none of its members, and a delivery the database refuses
+does not take the rest of its group down with it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from agentdispatch.backends.postgres.intake import PostgresIntakeStore
+from agentdispatch.dispatch import Dispatcher
+from agentdispatch.errors import TaskQueueUnavailable
+from agentdispatch.factory import open_intake_store
+from agentdispatch.intake import admin
+from agentdispatch.intake.admit import Incoming, admit, job_id_of
+from agentdispatch.intake.answers import Answer, ok
+from agentdispatch.intake.base import Abandoned
+from agentdispatch.intake.envelope import IntakeEnvelope
+from agentdispatch.intake.group import Group
+from backends import BUILDERS, Harness
+from e2e.gatewayproc import Gateway
+from intake.kit import TG_BOT, gateway, install_all, migrate, post_tg, tg_update
+
+
+def _until(cond: Callable[[], bool], what: str) -> None:
+    """Wait for a state of another component (no event to wait on there)."""
+    deadline = time.monotonic() + 30
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+# -- the grouping itself -------------------------------------------------------
+def test_callers_arriving_during_a_group_share_the_next_and_get_their_own_results() -> None:
+    entered, release = threading.Event(), threading.Event()
+    groups: list[list[int]] = []
+
+    def run(args: list[int]) -> list[int | BaseException]:
+        groups.append(list(args))
+        if len(groups) == 1:
+            entered.set()
+            release.wait(30)
+        return [ValueError(a) if a == 13 else a * 10 for a in args]
+
+    g: Group[int, int] = Group(run, concurrency=1)
+    got: dict[int, object] = {}
+
+    def call(a: int) -> None:
+        try:
+            got[a] = g.call(a)
+        except ValueError as exc:
+            got[a] = exc
+
+    first = threading.Thread(target=call, args=(1,))
+    first.start()
+    assert entered.wait(30)
+    rest = [threading.Thread(target=call, args=(a,)) for a in (2, 13, 4)]
+    for t in rest:
+        t.start()
+    _until(lambda: g._open is not None and len(g._open.args) == 3, "the next group to fill")
+    release.set()
+    for t in [first, *rest]:
+        t.join(30)
+    assert groups[0] == [1] and sorted(groups[1]) == [2, 4, 13] and len(groups) == 2
+    assert got[1] == 10 and got[2] == 20 and got[4] == 40 and isinstance(got[13], ValueError)
+
+
+def test_a_failed_group_fails_every_member_and_the_next_group_runs() -> None:
+    calls: list[list[str]] = []
+
+    def run(args: list[str]) -> list[str | BaseException]:
+        calls.append(args)
+        if len(calls) == 1:
+            raise RuntimeError("down")
+        return list(args)
+
+    g: Group[str, str] = Group(run)
+    with pytest.raises(RuntimeError):
+        g.call("a")
+    assert g.call("b") == "b"
+
+
+# -- on PostgreSQL -------------------------------------------------------------
+@pytest.fixture
+def h(tmp_path: Path) -> Iterator[Harness]:
+    harness = BUILDERS["postgres"](tmp_path)
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+def _installed(h: Harness, tmp_path: Path) -> tuple[PostgresIntakeStore, dict[str, Any]]:
+    creds = tmp_path / "creds.json"
+    creds.write_text('{"secret_token": "s", "bot_token": "7:t"}')
+    ist = open_intake_store(h.store)
+    assert isinstance(ist, PostgresIntakeStore)
+    inst_id = admin.install(ist, connector="telegram", external_id="7", route_key="7", tenant="acme",
+                            master_key=None, reference=f"file:{creds}")  # fmt: skip
+    admin.set_agent(ist, "helper", enabled=True)
+    admin.set_route(ist, inst_id, "*", "helper")
+    inst = ist.installation(inst_id)
+    assert inst is not None
+    return ist, inst
+
+
+def _update(inst: dict[str, Any], n: int, text: str | None = None) -> Incoming:
+    env = IntakeEnvelope(connector="telegram", installation=inst["id"], source_id=f"7:{n}", conversation="42",
+                         sender="9", text=text or f"m{n}", channel="42", message_key=f"42:{n}", is_dm=True)  # fmt: skip
+    return Incoming("telegram", env.source_id, env.to_json().encode(), ok(), inst, envelope=env)
+
+
+class _Held:
+    """Inserts into the receipts table held by a lock: the first two groups
+    (the most that run at once) wait on it, and later deliveries gather in the
+    next group."""
+
+    def __init__(self, uri: str, ist: PostgresIntakeStore) -> None:
+        self.uri, self.ist = uri, ist
+        self.blocker = psycopg.connect(uri)
+        self.blocker.execute("LOCK TABLE intake_receipts IN SHARE ROW EXCLUSIVE MODE")
+        self.threads: list[threading.Thread] = []
+        self.got: dict[int, Answer | BaseException] = {}
+
+    def send(self, d: Dispatcher, inc: Incoming, n: int, deadline: float | None = None) -> None:
+        def go() -> None:
+            try:
+                self.got[n] = admit(self.ist, d, inc, abandoned=threading.Event(), deadline=deadline)
+            except Exception as exc:
+                self.got[n] = exc
+
+        t = threading.Thread(target=go)
+        t.start()
+        self.threads.append(t)
+
+    def gathered(self) -> int:
+        batch = self.ist._group._open
+        return 0 if batch is None else len(batch.args)
+
+    def release(self) -> None:
+        self.blocker.rollback()
+        self.blocker.close()
+        for t in self.threads:
+            t.join(60)
+
+
+def _receipts(uri: str, sources: list[str]) -> list[tuple[str, str]]:
+    """(source_id, the id of the transaction that wrote it) of each receipt
+    with its WorkItem, as another connection sees them (committed)."""
+    with psycopg.connect(uri) as c:
+        rows = c.execute(
+            "SELECT r.source_id, r.xmin::text FROM intake_receipts r JOIN work_items w ON w.id = r.job_id"
+            " WHERE r.source_id = ANY(%s) ORDER BY r.source_id",
+            (sources,),
+        ).fetchall()
+    return [(str(a), str(b)) for a, b in rows]
+
+
+def test_a_group_commits_its_members_together_each_with_its_own_answer(h: Harness, tmp_path: Path) -> None:
+    ist, inst = _installed(h, tmp_path)
+    d, uri = h.dispatcher(), h.env["STATE_DB_URI"]
+    held = _Held(uri, ist)
+    try:
+        for n in (1, 2):
+            held.send(d, _update(inst, n), n)
+        _until(lambda: held.ist._group._running == 2, "both groups to run (held by the lock)")
+        for n in (3, 4, 5, 6):
+            held.send(d, _update(inst, n), n)
+        _until(lambda: held.gathered() == 4, "the next group to gather")
+    finally:
+        held.release()
+    assert all(isinstance(a, Answer) and a.status == 200 for a in held.got.values()), held.got
+    assert len(held.got) == 6
+    rows = dict(_receipts(uri, [f"7:{n}" for n in range(1, 7)]))
+    assert sorted(rows) == [f"7:{n}" for n in range(1, 7)]
+    assert len({rows[f"7:{n}"] for n in (3, 4, 5, 6)}) == 1  # one transaction
+    assert rows["7:1"] != rows["7:2"] != rows["7:3"]
+    for n in range(1, 7):
+        assert h.store.get(job_id_of("telegram", f"7:{n}"), None).status == "ready"
+
+
+def test_a_group_past_its_deadline_stores_none_of_its_members(h: Harness, tmp_path: Path) -> None:
+    ist, inst = _installed(h, tmp_path)
+    d, uri = h.dispatcher(), h.env["STATE_DB_URI"]
+    held = _Held(uri, ist)
+    soon = time.monotonic() + 1.0
+    try:
+        for n in (1, 2):
+            held.send(d, _update(inst, n), n, deadline=soon)
+        _until(lambda: held.ist._group._running == 2, "both groups to run (held by the lock)")
+        for n in (3, 4, 5):
+            held.send(d, _update(inst, n), n, deadline=soon + 2.0)
+        _until(lambda: held.gathered() == 3, "the next group to gather")
+        # The server cancels each group's statement before its callers give up.
+        for t in held.threads:
+            t.join(60)
+    finally:
+        held.release()
+    assert all(isinstance(held.got[n], Abandoned) for n in range(1, 6)), held.got
+    assert _receipts(uri, [f"7:{n}" for n in range(1, 6)]) == []
+    with psycopg.connect(uri) as c:
+        row = c.execute("SELECT count(*) FROM work_items WHERE kind = 'intake_turn'").fetchone()
+        assert row is not None and row[0] == 0
+
+
+def test_a_delivery_the_database_refuses_fails_alone(h: Harness, tmp_path: Path) -> None:
+    """A NUL character cannot be stored in a text column: that delivery's
+    group is rolled back, and its other members are admitted one by one."""
+    ist, inst = _installed(h, tmp_path)
+    d, uri = h.dispatcher(), h.env["STATE_DB_URI"]
+    held = _Held(uri, ist)
+    try:
+        for n in (1, 2):
+            held.send(d, _update(inst, n), n)
+        _until(lambda: held.ist._group._running == 2, "both groups to run (held by the lock)")
+        for n in (3, 4, 5):
+            held.send(d, _update(inst, n, text="bad\x00" if n == 4 else None), n)
+        _until(lambda: held.gathered() == 3, "the next group to gather")
+    finally:
+        held.release()
+    assert isinstance(held.got[4], TaskQueueUnavailable)
+    assert all(isinstance(held.got[n], Answer) and held.got[n].status == 200 for n in (1, 2, 3, 5)), held.got  # type: ignore[union-attr]
+    assert [s for s, _ in _receipts(uri, [f"7:{n}" for n in range(1, 6)])] == ["7:1", "7:2", "7:3", "7:5"]
+
+
+# -- through the gateway -------------------------------------------------------
+@pytest.fixture
+def pg_gateway(tmp_path: Path) -> Iterator[tuple[Gateway, str]]:
+    cleanup: list[Callable[[], None]] = []
+    from backends import fresh_pg_database
+
+    uri = fresh_pg_database(cleanup)
+    env = {"STATE_DB_URI": uri, "TASK_QUEUE_BACKEND": "postgres"}
+    data = tmp_path / "data"
+    migrate(data, **env)
+    install_all(data, **env)
+    gw = gateway(data, AGENT_DISPATCH_INTAKE_COMMIT_TIMEOUT_S="20", **env)
+    try:
+        yield gw, uri
+    finally:
+        gw.stop()
+        for fn in cleanup:
+            fn()
+
+
+def test_concurrent_webhooks_held_behind_a_lock_each_get_their_own_200(pg_gateway: tuple[Gateway, str]) -> None:
+    gw, uri = pg_gateway
+    blocker = psycopg.connect(uri)
+    blocker.execute("LOCK TABLE intake_receipts IN SHARE ROW EXCLUSIVE MODE")
+    codes: dict[int, int] = {}
+
+    def send(n: int) -> None:
+        with gw.client() as c:
+            codes[n] = post_tg(c, tg_update(7000 + n)).status_code
+
+    threads = [threading.Thread(target=send, args=(n,)) for n in range(6)]
+    try:
+        for t in threads:
+            t.start()
+        with psycopg.connect(uri, autocommit=True) as c:
+
+            def waiting() -> int:
+                row = c.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock'"
+                ).fetchone()
+                return 0 if row is None else int(row[0])
+
+            _until(lambda: waiting() >= 1, "a group to wait on the lock")
+    finally:
+        blocker.rollback()
+        blocker.close()
+        for t in threads:
+            t.join(60)
+    assert codes == dict.fromkeys(range(6), 200), gw.log()[-3000:]
+    sources = [f"{TG_BOT}:{7000 + n}" for n in range(6)]
+    assert [s for s, _ in _receipts(uri, sources)] == sorted(sources)
