@@ -212,17 +212,20 @@ def test_a_group_past_its_deadline_stores_none_of_its_members(h: Harness, tmp_pa
 
 
 def test_a_delivery_the_database_refuses_fails_alone(h: Harness, tmp_path: Path) -> None:
-    """A NUL character cannot be stored in a text column: that delivery's
-    group is rolled back, and its other members are admitted one by one."""
+    """A row the database refuses (here a constraint refuses one source):
+    that delivery's group is rolled back, and its other members are
+    admitted one by one."""
     ist, inst = _installed(h, tmp_path)
     d, uri = h.dispatcher(), h.env["STATE_DB_URI"]
+    with psycopg.connect(uri, autocommit=True) as c:
+        c.execute("ALTER TABLE intake_receipts ADD CONSTRAINT refuse_one CHECK (source_id <> '7:4')")
     held = _Held(uri, ist)
     try:
         for n in (1, 2):
             held.send(d, _update(inst, n), n)
         _until(lambda: held.ist._group._running == 2, "both groups to run (held by the lock)")
         for n in (3, 4, 5):
-            held.send(d, _update(inst, n, text="bad\x00" if n == 4 else None), n)
+            held.send(d, _update(inst, n), n)
         _until(lambda: held.gathered() == 3, "the next group to gather")
     finally:
         held.release()
@@ -283,3 +286,13 @@ def test_concurrent_webhooks_held_behind_a_lock_each_get_their_own_200(pg_gatewa
     assert codes == dict.fromkeys(range(6), 200), gw.log()[-3000:]
     sources = [f"{TG_BOT}:{7000 + n}" for n in range(6)]
     assert [s for s, _ in _receipts(uri, sources)] == sorted(sources)
+
+
+def test_a_nul_in_a_message_is_stored_not_refused_on_every_retry(pg_gateway: tuple[Gateway, str]) -> None:
+    # PostgreSQL text cannot hold NUL; refused, Telegram would retry the update forever.
+    gw, uri = pg_gateway
+    with gw.client() as c:
+        assert post_tg(c, tg_update(7100, text="bad\x00text")).status_code == 200, gw.log()[-3000:]
+    with psycopg.connect(uri) as c:
+        row = c.execute("SELECT envelope FROM intake_receipts WHERE source_id = %s", (f"{TG_BOT}:7100",)).fetchone()
+    assert row is not None and IntakeEnvelope.from_json(row[0]).text == "bad\ufffdtext"

@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 VERSION = 1
+
+
+#: What a NUL character in provider text becomes (the replacement character).
+NUL_STANDS_IN = "\ufffd"
+
+
+def _scrub(value: Any) -> Any:
+    """``value`` with every NUL character in its strings replaced."""
+    if isinstance(value, str):
+        return value.replace("\x00", NUL_STANDS_IN)
+    if isinstance(value, dict):
+        return {_scrub(k): _scrub(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_scrub(v) for v in value)
+    return value
 
 
 @dataclass(frozen=True)
@@ -31,6 +46,14 @@ class IntakeEnvelope:
     thread: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     version: int = VERSION
+
+    def __post_init__(self) -> None:
+        # PostgreSQL text cannot hold NUL: a provider message with one would be
+        # refused on every retry and stall its conversation's webhooks.
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, str | dict | tuple) and (clean := _scrub(value)) != value:
+                object.__setattr__(self, f.name, clean)
 
     def to_json(self) -> str:
         """Canonical JSON (sorted keys)."""
