@@ -331,3 +331,38 @@ def test_a_consumer_close_that_hangs_in_the_client_does_not_hang_its_caller(capl
         assert oc.get(visibility_s=1.0, wait_s=0.0) is None  # closed: hands out nothing
     finally:
         release.set()
+
+
+def test_a_fresh_assignment_is_warm_once_each_partition_reached_its_fetched_end() -> None:
+    # While turns keep arriving a fetch rarely ends at EOF: the log end the
+    # last fetch answered with counts as reached, so a rejoin after a broker
+    # restart does not wait the whole warm-up.
+    from agentdispatch.backends.kafka.consumer import WARMUP_S, OwnedConsumer
+
+    config = {"bootstrap.servers": "127.0.0.1:1", "group.id": "g"}
+    oc = OwnedConsumer("owner", config, "topic", buffer_max=4)
+    real, ends = oc._c, {0: 5, 1: 3}
+
+    class Fetched:
+        def get_watermark_offsets(self, tp: object, cached: bool = False) -> tuple[int, int]:
+            return 0, ends[tp.partition]  # type: ignore[attr-defined]
+
+    oc._c = Fetched()  # type: ignore[assignment]
+    try:
+        now = time.monotonic()
+        oc.assigned, oc._assigned_at = {0, 1}, now
+        assert not oc._warm(now)  # nothing fetched since the assignment
+        oc._fetched_at = {0: now, 1: now}
+        oc._next = {0: 5, 1: 2}
+        assert not oc._warm(now)  # partition 1 is one message short of its end
+        oc._eof.add(1)
+        assert oc._warm(now)
+        oc._eof.clear()
+        oc._next[1] = 3
+        assert oc._warm(now)
+        oc._fetched_at = {0: now - 1, 1: now}  # an end fetched before the assignment says nothing
+        assert not oc._warm(now)
+        assert oc._warm(now + WARMUP_S)  # the warm-up is still bounded
+    finally:
+        oc._c = real
+        oc.close()

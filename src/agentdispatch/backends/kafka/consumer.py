@@ -271,9 +271,24 @@ class OwnedConsumer:
         # Right after an assignment partitions start fetching one by one; wait
         # (briefly) until each reached its end once, so the first pick sees the
         # backlog of every partition and honours deadlines and priorities.
-        if self.assigned <= self._eof or now - self._assigned_at >= WARMUP_S:
+        if now - self._assigned_at >= WARMUP_S or all(self._caught_up(p) for p in self.assigned):
             return True
         return self._buffered >= self.hard_max or self._runnable(now) >= self.buffer_max
+
+    def _caught_up(self, part: int) -> bool:
+        """Whether ``part`` reached its end once since the assignment: its end
+        (EOF), or the log end its last fetch answered with. While turns keep
+        arriving a fetch rarely ends at EOF, and every fresh assignment (each
+        rejoin after a broker restart) waited the whole warm-up."""
+        if part in self._eof:
+            return True
+        if self._fetched_at.get(part, float("-inf")) < self._assigned_at:
+            return False
+        try:
+            _low, high = self._c.get_watermark_offsets(TopicPartition(self.topic, part), cached=True)
+        except Exception:  # no fetch answer cached yet
+            return False
+        return high is not None and 0 <= high <= self._next.get(part, 0)
 
     def _pick(self, now_mono: float, now_unix: float) -> _Entry | None:
         """Expired deadlines first, then priority, then arrival; only the first
