@@ -9,6 +9,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,10 @@ from agentdispatch.backends.postgres.store import PostgresStore
 from agentdispatch.backends.sqlite.store import SqliteStore
 from agentdispatch.factory import open_intake_store
 from agentdispatch.intake import admin
+from agentdispatch.intake.base import IntakeStore
 from agentdispatch.settings import SQLITE_FILE
 from agentdispatch.stores.base import Store
+from backends import fresh_pg_database
 from e2e.gatewayproc import Gateway, cli_env, start_gateway
 
 KEY = "11" * 32
@@ -197,3 +201,36 @@ def db(data_dir: Path) -> sqlite3.Connection:
 def count(data_dir: Path, sql: str, *args: Any) -> int:
     with db(data_dir) as conn:
         return int(conn.execute(sql, args).fetchone()[0])
+
+
+def install_telegram_bot(store: Store, tmp_path: Path) -> tuple[IntakeStore, dict[str, Any]]:
+    """Bot ``7`` of tenant ``acme`` installed in ``store``'s intake store, every
+    conversation routed to the enabled agent ``helper``: the store and the row."""
+    creds = tmp_path / "creds.json"
+    creds.write_text('{"secret_token": "s", "bot_token": "7:t"}')
+    ist = open_intake_store(store)
+    inst_id = admin.install(ist, connector="telegram", external_id="7", route_key="7", tenant="acme",
+                            master_key=None, reference=f"file:{creds}")  # fmt: skip
+    admin.set_agent(ist, "helper", enabled=True)
+    admin.set_route(ist, inst_id, "*", "helper")
+    inst = ist.installation(inst_id)
+    assert inst is not None
+    return ist, inst
+
+
+@contextmanager
+def pg_gateway_on(data: Path, commit_timeout_s: str) -> Iterator[tuple[Gateway, str]]:
+    """A gateway with every connector installed, on a fresh PostgreSQL
+    database (dropped after): the gateway and the database's URI."""
+    cleanup: list[Callable[[], None]] = []
+    uri = fresh_pg_database(cleanup)
+    env = {"STATE_DB_URI": uri, "TASK_QUEUE_BACKEND": "postgres"}
+    migrate(data, **env)
+    install_all(data, **env)
+    gw = gateway(data, AGENT_DISPATCH_INTAKE_COMMIT_TIMEOUT_S=commit_timeout_s, **env)
+    try:
+        yield gw, uri
+    finally:
+        gw.stop()
+        for fn in cleanup:
+            fn()

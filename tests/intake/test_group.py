@@ -18,8 +18,6 @@ import pytest
 from agentdispatch.backends.postgres.intake import PostgresIntakeStore
 from agentdispatch.dispatch import Dispatcher
 from agentdispatch.errors import TaskQueueUnavailable
-from agentdispatch.factory import open_intake_store
-from agentdispatch.intake import admin
 from agentdispatch.intake.admit import Incoming, admit, job_id_of
 from agentdispatch.intake.answers import Answer, ok
 from agentdispatch.intake.base import Abandoned
@@ -27,7 +25,7 @@ from agentdispatch.intake.envelope import IntakeEnvelope
 from agentdispatch.intake.group import Group
 from backends import BUILDERS, Harness
 from e2e.gatewayproc import Gateway
-from intake.kit import TG_BOT, gateway, install_all, migrate, post_tg, tg_update
+from intake.kit import TG_BOT, install_telegram_bot, pg_gateway_on, post_tg, tg_update
 
 
 def _until(cond: Callable[[], bool], what: str) -> None:
@@ -99,16 +97,8 @@ def h(tmp_path: Path) -> Iterator[Harness]:
 
 
 def _installed(h: Harness, tmp_path: Path) -> tuple[PostgresIntakeStore, dict[str, Any]]:
-    creds = tmp_path / "creds.json"
-    creds.write_text('{"secret_token": "s", "bot_token": "7:t"}')
-    ist = open_intake_store(h.store)
+    ist, inst = install_telegram_bot(h.store, tmp_path)
     assert isinstance(ist, PostgresIntakeStore)
-    inst_id = admin.install(ist, connector="telegram", external_id="7", route_key="7", tenant="acme",
-                            master_key=None, reference=f"file:{creds}")  # fmt: skip
-    admin.set_agent(ist, "helper", enabled=True)
-    admin.set_route(ist, inst_id, "*", "helper")
-    inst = ist.installation(inst_id)
-    assert inst is not None
     return ist, inst
 
 
@@ -237,21 +227,8 @@ def test_a_delivery_the_database_refuses_fails_alone(h: Harness, tmp_path: Path)
 # -- through the gateway -------------------------------------------------------
 @pytest.fixture
 def pg_gateway(tmp_path: Path) -> Iterator[tuple[Gateway, str]]:
-    cleanup: list[Callable[[], None]] = []
-    from backends import fresh_pg_database
-
-    uri = fresh_pg_database(cleanup)
-    env = {"STATE_DB_URI": uri, "TASK_QUEUE_BACKEND": "postgres"}
-    data = tmp_path / "data"
-    migrate(data, **env)
-    install_all(data, **env)
-    gw = gateway(data, AGENT_DISPATCH_INTAKE_COMMIT_TIMEOUT_S="20", **env)
-    try:
-        yield gw, uri
-    finally:
-        gw.stop()
-        for fn in cleanup:
-            fn()
+    with pg_gateway_on(tmp_path / "data", commit_timeout_s="20") as gw:
+        yield gw
 
 
 def test_concurrent_webhooks_held_behind_a_lock_each_get_their_own_200(pg_gateway: tuple[Gateway, str]) -> None:

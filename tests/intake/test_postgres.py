@@ -26,6 +26,7 @@ from intake.kit import (
     gateway,
     install_all,
     migrate,
+    pg_gateway_on,
     post_slack,
     post_tg,
     slack_event,
@@ -35,19 +36,8 @@ from intake.kit import (
 
 @pytest.fixture(scope="module")
 def pg_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gateway, str]]:
-    cleanup: list[Callable[[], None]] = []
-    uri = fresh_pg_database(cleanup)
-    env = {"STATE_DB_URI": uri, "TASK_QUEUE_BACKEND": "postgres"}
-    data = tmp_path_factory.mktemp("pg") / "data"
-    migrate(data, **env)
-    install_all(data, **env)
-    gw = gateway(data, AGENT_DISPATCH_INTAKE_COMMIT_TIMEOUT_S="1", **env)
-    try:
-        yield gw, uri
-    finally:
-        gw.stop()
-        for fn in cleanup:
-            fn()
+    with pg_gateway_on(tmp_path_factory.mktemp("pg") / "data", commit_timeout_s="1") as gw:
+        yield gw
 
 
 def _count(uri: str, sql: str, *args: object) -> int:

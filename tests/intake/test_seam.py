@@ -14,13 +14,12 @@ import pytest
 
 from agentdispatch.dispatch import Submission
 from agentdispatch.errors import QueueFull
-from agentdispatch.factory import open_intake_store
-from agentdispatch.intake import admin
 from agentdispatch.intake.admit import Incoming, admit, job_id_of
 from agentdispatch.intake.answers import Answer, ok
 from agentdispatch.intake.base import Abandoned, IntakeStore
 from agentdispatch.intake.envelope import IntakeEnvelope
 from backends import BUILDERS, Harness, kafka_harness
+from intake.kit import install_telegram_bot
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -33,16 +32,7 @@ def h(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
 
 
 def _installed(h: Harness, tmp_path: Path) -> tuple[IntakeStore, dict[str, Any]]:
-    creds = tmp_path / "creds.json"
-    creds.write_text('{"secret_token": "s", "bot_token": "7:t"}')
-    ist = open_intake_store(h.store)
-    inst_id = admin.install(ist, connector="telegram", external_id="7", route_key="7", tenant="acme",
-                            master_key=None, reference=f"file:{creds}")  # fmt: skip
-    admin.set_agent(ist, "helper", enabled=True)
-    admin.set_route(ist, inst_id, "*", "helper")
-    inst = ist.installation(inst_id)
-    assert inst is not None
-    return ist, inst
+    return install_telegram_bot(h.store, tmp_path)
 
 
 def _update(inst: dict[str, Any], n: int, body: bytes | None = None, answer: Answer | None = None) -> Incoming:
