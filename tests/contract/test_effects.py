@@ -228,3 +228,17 @@ def test_a_key_in_flight_in_another_job_is_not_doubted(harness):
     assert harness.store.effect_end(a, "reply:42", state="committed", result="m-1") is True
     done = harness.store.effect_begin(b, "reply:42", 30)
     assert done is not None and (done.state, done.result) == ("committed", "m-1")
+
+
+def test_a_key_a_dead_job_left_is_taken_over_by_the_job_that_verifies_it(harness):
+    d = harness.dispatcher()
+    gone, live = (d.submit(Submission(kind="echo", tenant="t")).job_id for _ in range(2))
+    _die_during_effect(harness, gone, "reply:7")
+    lease = _claim(harness, live, "w:2")
+    doubted = harness.store.effect_begin(lease, "reply:7", 30)
+    assert doubted is not None and doubted.state == "unknown"
+    # The downstream says it never happened: this job runs it and owns the record.
+    assert harness.store.effect_begin(lease, "reply:7", 30, retry_unknown=True) is None
+    assert harness.store.effect_end(lease, "reply:7", state="committed", result="m-7") is True
+    assert _ledger(harness, live) == [("reply:7", "committed", lease.epoch)]
+    assert _ledger(harness, gone) == []

@@ -188,14 +188,14 @@ SELECT tenant, key, job_id, state, epoch, result, %(now)s, %(now)s
 FROM unnest(%(tenant)s::text[], %(key)s::text[], %(job_id)s::text[], %(state)s::text[], %(epoch)s::bigint[],
             %(result)s::text[]) AS x (tenant, key, job_id, state, epoch, result)
 ON CONFLICT (tenant, key) DO UPDATE SET
-    state = excluded.state, epoch = excluded.epoch, result = excluded.result,
+    job_id = excluded.job_id, state = excluded.state, epoch = excluded.epoch, result = excluded.result,
     updated_at = excluded.updated_at
 
 -- name: effect_put
 INSERT INTO side_effects (tenant, key, job_id, state, epoch, result, created_at, updated_at)
 VALUES (%(tenant)s, %(key)s, %(job_id)s, %(state)s, %(epoch)s, %(result)s, %(now)s, %(now)s)
 ON CONFLICT (tenant, key) DO UPDATE SET
-    state = excluded.state, epoch = excluded.epoch, result = excluded.result,
+    job_id = excluded.job_id, state = excluded.state, epoch = excluded.epoch, result = excluded.result,
     updated_at = excluded.updated_at
 
 -- name: effect_settle

@@ -100,7 +100,7 @@ JOIN side_effects AS s ON s.tenant = json_extract(k.value, '$[0]') AND s.key = j
 INSERT INTO side_effects (tenant, key, job_id, state, epoch, result, created_at, updated_at)
 VALUES (:tenant, :key, :job_id, :state, :epoch, :result, :now, :now)
 ON CONFLICT (tenant, key) DO UPDATE SET
-    state = excluded.state, epoch = excluded.epoch, result = excluded.result,
+    job_id = excluded.job_id, state = excluded.state, epoch = excluded.epoch, result = excluded.result,
     updated_at = excluded.updated_at
 
 -- name: effect_settle
