@@ -18,9 +18,6 @@ from typing import Generic, TypeVar
 A = TypeVar("A")
 R = TypeVar("R")
 
-#: What the batch function answers for each argument, in order.
-Outcomes = Sequence["R | BaseException"]
-
 
 class _Batch(Generic[A, R]):
     def __init__(self) -> None:

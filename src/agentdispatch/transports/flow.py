@@ -19,7 +19,7 @@ elsewhere (Kafka) with a store: two transactions, the store's first.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -183,6 +183,15 @@ def outcomes(
             acks.append(d.delivery)
             ends.append(BY_STATUS.get(item.status, TurnEnd.FAILED))
     return ends, acks, back
+
+
+def one_by_one(get_one: Callable[[], Delivery | None], n: int) -> list[tuple[Delivery, Any]]:
+    """Up to ``n`` deliveries of a queue that hands out one a statement (with
+    no item read riding along), until it runs dry."""
+    out: list[tuple[Delivery, Any]] = []
+    while len(out) < n and (got := get_one()) is not None:
+        out.append((got, None))
+    return out
 
 
 def jobs_of(good: Sequence[tuple[Delivery, Envelope]]) -> list[tuple[str, str]]:

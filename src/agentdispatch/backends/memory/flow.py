@@ -10,7 +10,7 @@ from typing import Any
 from ...errors import LeaseLost
 from ...stores.base import Claim, Store
 from ...transports.base import Delivery, Transport
-from ...transports.flow import Flow, Shared
+from ...transports.flow import Flow, Shared, one_by_one
 from ...workitem import Lease, Outcome, WorkItem
 from .db import Tables
 from .store import MemoryStore
@@ -32,13 +32,7 @@ class MemorySides:
         return self.store.db.tx()
 
     def get(self, c: Tables, owner: str, n: int, visibility_s: float) -> list[tuple[Delivery, Any]]:
-        out: list[tuple[Delivery, Any]] = []
-        while len(out) < n:
-            got = self.transport.get_on(c, owner, visibility_s)
-            if got is None:
-                break
-            out.append((got, None))
-        return out
+        return one_by_one(lambda: self.transport.get_on(c, owner, visibility_s), n)
 
     def claim(self, c: Tables, jobs: Sequence[tuple[str, str, Any]], owner: str, ttl_s: float) -> list[Claim]:
         return self.store.claim_on(c, [(j, t) for j, t, _ in jobs], owner=owner, ttl_s=ttl_s)

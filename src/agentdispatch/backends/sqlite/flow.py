@@ -11,7 +11,7 @@ from typing import Any
 from ...errors import LeaseLost
 from ...stores.base import Claim, Store
 from ...transports.base import Delivery, Transport
-from ...transports.flow import Flow, Shared
+from ...transports.flow import Flow, Shared, one_by_one
 from ...workitem import Lease, Outcome, WorkItem
 from .store import SqliteStore
 from .transport import SqliteTransport, ack_many_on, get_on, release_on
@@ -32,13 +32,7 @@ class SqliteSides:
         return self.store.db.tx(durable)
 
     def get(self, c: sqlite3.Connection, owner: str, n: int, visibility_s: float) -> list[tuple[Delivery, Any]]:
-        out: list[tuple[Delivery, Any]] = []
-        while len(out) < n:
-            got = get_on(c, owner, visibility_s)
-            if got is None:
-                break
-            out.append((got, None))
-        return out
+        return one_by_one(lambda: get_on(c, owner, visibility_s), n)
 
     def claim(
         self, c: sqlite3.Connection, jobs: Sequence[tuple[str, str, Any]], owner: str, ttl_s: float
