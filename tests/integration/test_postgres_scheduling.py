@@ -87,19 +87,6 @@ def test_least_recently_served_tenant_then_session(h: Harness) -> None:
     assert rest.index("b-x-1") < rest.index("b-x-2")
 
 
-def test_a_batch_with_few_tenants_serves_them_in_rounds(h: Harness) -> None:
-    # Fewer tenants than the batch asks for: one pass of the claim takes
-    # several session heads per tenant, in the order that many rounds would.
-    subs = [Submission(kind="echo", job_id=f"a-s{s}-0", tenant="a", session_id=f"s{s}") for s in range(4)]
-    subs.append(Submission(kind="echo", job_id="a-s0-1", tenant="a", session_id="s0"))
-    subs += [Submission(kind="echo", job_id=f"b-x{s}-0", tenant="b", session_id=f"x{s}") for s in range(3)]
-    h.dispatcher().submit_many(subs)
-    got = h.transport.get_many("t:0", 10, visibility_s=30.0)
-    order = [Envelope.from_json(d.raw).job_id for d in got]
-    # Session heads only (a-s0-1 waits for a-s0-0), tenants alternating while both have heads.
-    assert order == ["a-s0-0", "b-x0-0", "a-s1-0", "b-x1-0", "a-s2-0", "b-x2-0", "a-s3-0"]
-
-
 def test_receipt_of_a_reassigned_claim_deletes_nothing(h: Harness) -> None:
     h.dispatcher().submit(Submission(kind="echo", job_id="j1", tenant="a"))
     first = h.transport.get("w1:0", visibility_s=0.2, wait_s=1.0)

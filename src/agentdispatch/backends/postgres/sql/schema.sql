@@ -634,20 +634,10 @@ DECLARE
     v_tenants bigint;
     v_counted integer;  -- the priority v_tenants counts
     v_k integer;  -- how many this pass may claim
-    v_per integer;  -- how many heads each tenant of this pass's round may give
     v_before integer;
 BEGIN
-    -- The tenants of the top priority (up to p_n + 1): with fewer tenants than
-    -- a batch asks for, one pass serves several rounds at once instead of
-    -- one pass a round (a lone tenant would otherwise cost a pass a turn).
-    v_tenants := (SELECT count(*) FROM (
-        SELECT 1 FROM dispatch_fair_tenants x
-        WHERE x.priority = (SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1)
-        ORDER BY x.priority DESC, x.last_served, x.since LIMIT p_n + 1) n);
     WHILE got < p_n LOOP
         v_k := p_n - got;
-        -- Rounded down: every tenant of the round fits in the pass.
-        v_per := greatest(1, v_k / greatest(1, v_tenants - cardinality(v_served))::integer);
         v_before := got;
         FOR rec IN
         WITH clock AS MATERIALIZED (
@@ -662,34 +652,27 @@ BEGIN
             -- Else up to v_k tenants of the top priority that no other claim is
             -- serving right now (their row is locked by it until it commits; its
             -- snapshot of last_served is not ours yet), least recently served
-            -- first, up to v_per session heads each (claimed in rounds: see
-            -- pick): one tenant is not served many times in a row while a
-            -- claim stalls. Priority order is kept: only the top priority, and
-            -- the walk below covers everything else.
-            SELECT r.id, r.k, row_number() OVER () AS pos FROM (
-                SELECT h.id, h.k FROM dispatch_fair_tenants t
-                 CROSS JOIN LATERAL (
-                     SELECT x.tenant_ref, x.priority FROM dispatch_fair_tenants x
-                     WHERE x.priority = t.priority AND x.tenant_ref = t.tenant_ref
-                     FOR NO KEY UPDATE SKIP LOCKED
-                 ) tl
-                 CROSS JOIN LATERAL (
-                     -- Numbered after the limit: a window over the view would lock
-                     -- every head of the tenant.
-                     SELECT f.id, row_number() OVER (ORDER BY f.last_served, f.deadline_key, f.since) AS k FROM (
-                         SELECT h.id, h.last_served, h.deadline_key, h.since FROM dispatch_fair_heads h
-                         WHERE h.tenant_ref = tl.tenant_ref AND h.priority = tl.priority
-                           AND h.visible_at <= (SELECT now FROM clock)
-                         ORDER BY h.last_served, h.deadline_key, h.since
-                         LIMIT v_per
-                     ) f
-                 ) h
-                 WHERE NOT EXISTS (SELECT 1 FROM expired)
-                   AND t.priority = (SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1)
-                   AND (t.priority IS DISTINCT FROM v_prio OR NOT (t.tenant_ref = ANY(v_served)))
-                 ORDER BY t.priority DESC, t.last_served, t.since
-                 LIMIT v_k
-            ) r
+            -- first, one session head each: one tenant is not served many times
+            -- in a row while a claim stalls. Priority order is kept: only the top
+            -- priority, and the walk below covers everything else.
+            SELECT h.id FROM dispatch_fair_tenants t
+             CROSS JOIN LATERAL (
+                 SELECT x.tenant_ref, x.priority FROM dispatch_fair_tenants x
+                 WHERE x.priority = t.priority AND x.tenant_ref = t.tenant_ref
+                 FOR NO KEY UPDATE SKIP LOCKED
+             ) tl
+             CROSS JOIN LATERAL (
+                 SELECT h.id FROM dispatch_fair_heads h
+                 WHERE h.tenant_ref = tl.tenant_ref AND h.priority = tl.priority
+                   AND h.visible_at <= (SELECT now FROM clock)
+                 ORDER BY h.last_served, h.deadline_key, h.since
+                 LIMIT 1
+             ) h
+             WHERE NOT EXISTS (SELECT 1 FROM expired)
+               AND t.priority = (SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1)
+               AND (t.priority IS DISTINCT FROM v_prio OR NOT (t.tenant_ref = ANY(v_served)))
+             ORDER BY t.priority DESC, t.last_served, t.since
+             LIMIT v_k
         ), walk AS MATERIALIZED (
             -- Else one turn, walking every priority and tenant in order.
             SELECT h.id FROM dispatch_fair_tenants t
@@ -710,11 +693,7 @@ BEGIN
             -- then a primary-key probe per id. Joined as a row set, the generic
             -- plan (which guesses LIMIT v_k at a tenth of the tenants) hashed
             -- the whole queue once the fairness tables held many tenants.
-            -- A round's heads in rounds: every tenant's first, then every
-            -- tenant's second, and so on (as that many passes would claim them).
-            SELECT ARRAY(SELECT id FROM expired
-                         UNION ALL (SELECT id FROM round ORDER BY k, pos)
-                         UNION ALL SELECT id FROM walk) AS ids
+            SELECT ARRAY(SELECT id FROM expired UNION ALL SELECT id FROM round UNION ALL SELECT id FROM walk) AS ids
         ), claimed AS (
             UPDATE agent_dispatch_queue q
             SET claimed_by = p_owner, claimed_at = clock.now, visible_at = clock.now + p_vis,
@@ -740,11 +719,8 @@ BEGIN
             FROM lock_group l, mark m
             WHERE g.priority = l.priority AND g.group_ref = l.group_ref
               AND m.priority = l.priority AND m.group_ref = l.group_ref
-        ), tenant_mark AS MATERIALIZED (
-            -- A tenant served several times in this pass is marked by its latest.
-            SELECT m.priority, m.tenant_ref, max(m.n) AS n FROM mark m GROUP BY m.priority, m.tenant_ref
         ), lock_tenant AS MATERIALIZED (
-            SELECT x.priority, x.tenant_ref FROM tenant_mark m
+            SELECT x.priority, x.tenant_ref FROM mark m
             CROSS JOIN LATERAL (
                 SELECT x.priority, x.tenant_ref FROM dispatch_fair_tenants x
                 WHERE x.priority = m.priority AND x.tenant_ref = m.tenant_ref
@@ -752,7 +728,7 @@ BEGIN
             ) x
         ), served_tenant AS (
             UPDATE dispatch_fair_tenants t SET last_served = m.n
-            FROM lock_tenant l, tenant_mark m
+            FROM lock_tenant l, mark m
             WHERE t.priority = l.priority AND t.tenant_ref = l.tenant_ref
               AND m.priority = l.priority AND m.tenant_ref = l.tenant_ref
         )
@@ -773,9 +749,7 @@ BEGIN
                 v_prio := rec.priority;
                 v_served := '{}';
             END IF;
-            IF NOT (rec.tenant_ref = ANY(v_served)) THEN
-                v_served := v_served || rec.tenant_ref;
-            END IF;
+            v_served := v_served || rec.tenant_ref;
         END LOOP;
         IF got = v_before THEN
             EXIT WHEN v_prio IS NULL;
