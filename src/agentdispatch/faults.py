@@ -8,10 +8,16 @@ import sqlite3
 
 from .errors import AgentDispatchError, TaskQueueUnavailable
 
+# The tables are made before a process starts work: one missing later means the
+# file was replaced or damaged under it, which no retry mends.
+_SCHEMA_GONE = ("no such table", "no such column")
+
 
 def unavailable(exc: BaseException) -> bool:
     """The store or transport failed (unreachable, disk full, locked, I/O):
     whatever the operation was, it may succeed later as it is."""
+    if isinstance(exc, sqlite3.OperationalError) and str(exc).startswith(_SCHEMA_GONE):
+        return False
     return isinstance(exc, (TaskQueueUnavailable, OSError, sqlite3.OperationalError))
 
 

@@ -134,10 +134,12 @@ def test_a_database_that_is_no_longer_one_exits_the_worker_non_zero(tmp_path: Pa
             h.close()
             # Overwrite every file of the database in place: the worker's open
             # connections now read garbage (an operator's mistake, a bad disk).
+            # Never truncated first: an mmapped WAL index cut short is a SIGBUS.
             data = Path(h.env["AGENT_DISPATCH_DATA_DIR"])
             for f in data.iterdir():
                 if f.is_file():
-                    f.write_bytes(os.urandom(max(f.stat().st_size, 65536)))
+                    with f.open("r+b") as out:
+                        out.write(os.urandom(max(f.stat().st_size, 65536)))
             code = worker.wait(timeout=60)
         finally:
             if worker.poll() is None:

@@ -151,6 +151,8 @@ class SqliteDb:
         ok = False
         try:
             if batch.error is not None:
+                if _corrupt(batch.error):
+                    raise batch.error
                 raise self._unavailable("SQLite queue unavailable", batch.error)
             assert batch.conn is not None
             with batch.turn:
