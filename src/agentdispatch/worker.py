@@ -79,6 +79,7 @@ class Worker:
         self.stopping = threading.Event()
         self._state = _State()
         self._lock = threading.Lock()
+        self._beat_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._started_at = time.time()
         self._beat_deferred = False
@@ -150,7 +151,15 @@ class Worker:
                     timer.start()
                 return
             self._state.last_beat = now
-            sessions = tuple(sorted(set(self._state.active.values())))
+        # One beat at a time, its snapshot taken inside: two racing beats
+        # would otherwise write their snapshots in either order, and an older
+        # one left in the store hides a started session until the next beat.
+        with self._beat_lock:
+            with self._lock:
+                sessions = tuple(sorted(set(self._state.active.values())))
+            self._write_beat(sessions)
+
+    def _write_beat(self, sessions: tuple[str, ...]) -> None:
         try:
             self.store.heartbeat(
                 WorkerRow(

@@ -88,6 +88,7 @@ class AsyncWorker:
         self._by_job: dict[str, Running] = {}
         #: The error that stopped the worker, if any (the process exits non-zero).
         self.fatal: BaseException | None = None
+        self._beat_lock = threading.Lock()
         #: Turns that ended, by how.
         self.ended: dict[TurnEnd, int] = dict.fromkeys(TurnEnd, 0)
         self._done: list[Finished] = []
@@ -442,8 +443,14 @@ class AsyncWorker:
                 await self._off(self._io, self._beat)
 
     def _beat(self) -> None:
-        self._last_beat = self.clock()
-        sessions = sorted({r.item.session_id for r in list(self.running)})[:HEARTBEAT_SESSIONS]
+        # One beat at a time on the io threads, its snapshot taken inside: an
+        # older snapshot written last would hide a started session.
+        with self._beat_lock:
+            self._last_beat = self.clock()
+            sessions = sorted({r.item.session_id for r in list(self.running)})[:HEARTBEAT_SESSIONS]
+            self._write_beat(sessions)
+
+    def _write_beat(self, sessions: list[str]) -> None:
         try:
             self.store.heartbeat(
                 WorkerRow(
