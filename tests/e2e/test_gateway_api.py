@@ -206,7 +206,9 @@ def test_topology_shows_live_workers_and_only_the_callers_sessions(gw: Gateway, 
     worker = harness.worker(reg, threads=2)
     worker.start()
     try:
-        _wait(lambda: {mine.job_id, theirs.job_id} <= _running(harness))
+        # Started by their handler, not merely claimed: a claimed turn is not
+        # yet among the worker's active sessions.
+        _wait(lambda: {mine.job_id, theirs.job_id} <= _STARTED)
         worker._beat(force=True)  # publish the active sessions now
         with gw.client("acme") as c:
             doc = c.get("/api/fleet/topology", params={"limit": 10}).json()
@@ -230,23 +232,17 @@ def test_topology_shows_live_workers_and_only_the_callers_sessions(gw: Gateway, 
 
 _RELEASE = threading.Event()
 _HELD: set[str] = set()
+_STARTED: set[str] = set()
 
 
 def _hold(turn: Turn, guard: object) -> str:
     """Keep this test's turns running until it has read both tenants' views (a slow
     machine may take longer than any fixed sleep between the two requests); turns
     left queued by earlier tests in this module finish at once."""
+    _STARTED.add(turn.job_id)
     if turn.job_id in _HELD:
         _RELEASE.wait(timeout=60)
     return "held"
-
-
-def _running(h: Harness) -> set[str]:
-    return {
-        i.id
-        for s in (Status.LEASED, Status.RUNNING)
-        for i in h.store.list_jobs(tenant=None, status=s, limit=100, offset=0)
-    }
 
 
 def _wait(cond: object, timeout: float = 15) -> None:
