@@ -657,12 +657,8 @@ BEGIN
             -- priority, and the walk below covers everything else.
             SELECT h.id FROM dispatch_fair_tenants t
              CROSS JOIN LATERAL (
-                 -- Unserved since this statement's snapshot: a claim that
-                 -- committed meanwhile released the row already marked as
-                 -- recent, and the order above had not seen that mark.
                  SELECT x.tenant_ref, x.priority FROM dispatch_fair_tenants x
                  WHERE x.priority = t.priority AND x.tenant_ref = t.tenant_ref
-                   AND x.last_served IS NOT DISTINCT FROM t.last_served
                  FOR NO KEY UPDATE SKIP LOCKED
              ) tl
              CROSS JOIN LATERAL (
@@ -680,11 +676,6 @@ BEGIN
         ), walk AS MATERIALIZED (
             -- Else one turn, walking every priority and tenant in order.
             SELECT h.id FROM dispatch_fair_tenants t
-             CROSS JOIN LATERAL (
-                 SELECT x.tenant_ref FROM dispatch_fair_tenants x
-                 WHERE x.priority = t.priority AND x.tenant_ref = t.tenant_ref
-                 FOR NO KEY UPDATE SKIP LOCKED
-             ) tl
              CROSS JOIN LATERAL (
                  SELECT h.id FROM dispatch_fair_heads h
                  WHERE h.tenant_ref = t.tenant_ref AND h.priority = t.priority
@@ -762,17 +753,7 @@ BEGIN
         END LOOP;
         IF got = v_before THEN
             EXIT WHEN v_prio IS NULL;
-            -- A tenant of this round that still has a head to give is held by
-            -- another claim, which is serving it now: a new round here would
-            -- serve our tenants twice before that one once. The batch ends.
-            EXIT WHEN EXISTS (
-                SELECT 1 FROM dispatch_fair_tenants t
-                WHERE t.priority = v_prio AND NOT (t.tenant_ref = ANY(v_served))
-                  AND EXISTS (
-                      SELECT 1 FROM dispatch_fair_heads h
-                      WHERE h.tenant_ref = t.tenant_ref AND h.priority = t.priority
-                        AND h.visible_at <= extract(epoch FROM clock_timestamp())::float8));
-            v_prio := NULL;  -- the rest of the round is taken: a new round
+            v_prio := NULL;  -- the rest of the round is taken or locked: a new round
             v_served := '{}';
             CONTINUE;
         END IF;
