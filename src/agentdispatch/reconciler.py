@@ -10,6 +10,7 @@ from typing import Protocol
 
 from .dispatch import Dispatcher
 from .errors import AgentDispatchError
+from .faults import recoverable
 from .policy import sweep_every
 from .schedules import FIRE_EVERY_S, Schedules
 from .settings import Settings, load_settings
@@ -68,8 +69,11 @@ class Reconciler:
                 self.passes += 1
                 if report.total:
                     log.info("reconciler repaired %s", report)
-            except AgentDispatchError as exc:
-                log.warning("reconciler pass failed: %s", exc)
+            except Exception as exc:  # the thread must outlive any failed pass: it is the process's recovery
+                if recoverable(exc):
+                    log.warning("reconciler pass failed: %s", exc)
+                else:
+                    log.exception("reconciler pass failed")
 
     def _fire(self) -> None:
         try:
