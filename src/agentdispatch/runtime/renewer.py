@@ -41,6 +41,9 @@ class BatchRenewer:
         self.store = store
         self.clock = clock
         self._due: dict[LeaseGuard, float] = {}
+        #: When the last renewal each guard's store answered was sent (its
+        #: claim, at first): the lease runs out no earlier than a TTL later.
+        self._confirmed: dict[LeaseGuard, float] = {}
         self._cv = threading.Condition()
         self._closed = False
         #: When the thread wakes next on its own: an added guard due later
@@ -65,7 +68,9 @@ class BatchRenewer:
     def add(self, guard: LeaseGuard) -> None:
         """Renew ``guard`` every ``guard.every`` seconds from now."""
         with self._cv:
-            due = self._due[guard] = self.clock() + guard.every
+            now = self.clock()
+            due = self._due[guard] = now + guard.every
+            self._confirmed[guard] = now
             if due < self._wakes_at:
                 self._cv.notify()
 
@@ -73,6 +78,16 @@ class BatchRenewer:
         """Stop renewing ``guard``."""
         with self._cv:
             self._due.pop(guard, None)
+            self._confirmed.pop(guard, None)
+
+    def unconfirmed(self) -> list[LeaseGuard]:
+        """The guards not yet lost whose lease may have run out unseen: no
+        renewal sent within the last TTL was answered. While the store does
+        not answer at all (a stalled link, a locked file) no renewal is
+        refused either, so only the worker's own clock can tell."""
+        with self._cv:
+            now = self.clock()
+            return [g for g, at in self._confirmed.items() if now - at >= g.ttl_s and not g.lost]
 
     def close(self) -> None:
         """Stop the thread."""
@@ -137,6 +152,7 @@ class BatchRenewer:
         if not live:
             return
         self.calls += 1
+        sent = self.clock()
         try:
             results = self.store.renew_many([g.lease for g in live], live[0].ttl_s)
         except Exception as exc:  # whatever it was, the renewer must not die
@@ -147,9 +163,15 @@ class BatchRenewer:
                     if g in self._due:
                         self._due[g] = min(self._due[g], retry_at)
             return
+        renewed: list[LeaseGuard] = []
         for g, got in zip(live, results, strict=True):
             if isinstance(got, LeaseLost):
                 self.remove(g)
                 g.revoke(str(got))
             else:
                 g.lease = got
+                renewed.append(g)
+        with self._cv:
+            for g in renewed:
+                if g in self._confirmed:
+                    self._confirmed[g] = sent

@@ -46,6 +46,8 @@ HEARTBEAT_SESSIONS = 1000
 #: How far back each cancellation poll reads (a cancel's event carries the
 #: time its transaction read the clock, which may commit a little later).
 CANCEL_LOOKBACK_S = 5.0
+#: How often the worker looks for leases no renewal could confirm for a TTL.
+WATCHDOG_S = 0.25
 
 
 class AsyncWorker:
@@ -153,6 +155,7 @@ class AsyncWorker:
             asyncio.create_task(self._finisher()),
             asyncio.create_task(self._heartbeats()),
             asyncio.create_task(self._cancels()),
+            asyncio.create_task(self._watchdog()),
         ]
         try:
             await self._claimer(handlers)
@@ -422,6 +425,17 @@ class AsyncWorker:
                 r = self._by_job.get(job_id)
                 if r is not None:
                     r.guard.revoke(f"job {job_id} was cancelled")
+
+    async def _watchdog(self) -> None:
+        """Stop the turns whose lease may have run out while the store did not
+        answer: their renewals hang rather than fail, so nothing else would
+        stop them before the store came back, long after another worker may
+        have taken the turn over. No store call here: it would hang as well.
+        It watches the grace period of a stop too."""
+        while not self.stopping or self.running:
+            await asyncio.sleep(WATCHDOG_S)
+            for g in self.renewer.unconfirmed():
+                g.revoke(f"job {g.job_id}: lease epoch {g.lease.epoch} not renewed within {g.ttl_s:g} s")
 
     # -- heartbeat ----------------------------------------------------------------
     def _beat_soon(self) -> None:
