@@ -239,6 +239,9 @@ class LeaseGuard:
                 return found
         if done is not None:
             return done.result  # type: ignore[no-any-return]
+        if self._lost is not None:  # revoked while the mark was written: fn must not start
+            self._settle_quietly(key, "failed")
+            raise LeaseLost(self._lost)
         try:
             result = fn(fence=self.fence) if _wants_fence(fn) else fn()
         except Exception:

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from agentdispatch import NOT_HAPPENED, EffectInFlight, EffectUnknown, Status, Submission
+from agentdispatch import NOT_HAPPENED, EffectInFlight, EffectUnknown, LeaseLost, Status, Submission
 from agentdispatch.handlers import Registry
 from agentdispatch.lease import LeaseGuard
 from agentdispatch.stores.base import ClaimKind
@@ -170,6 +170,30 @@ def test_a_stale_attempt_cannot_change_the_ledger(harness):
     harness.store.replay(job.job_id, "t")
     assert harness.store.effect_end(stale, key, state="committed", result={"late": True}) is False
     assert _ledger(harness, job.job_id) == [(key, "released", 1)]
+
+
+def test_no_effect_starts_when_the_guard_is_revoked_during_its_begin(harness):
+    # A sync handler's thread cannot be interrupted: its turn timed out (or
+    # its lease went unconfirmed) while the begin was in flight. The mark
+    # lands, but the effect must not start.
+    job = harness.dispatcher().submit(Submission(kind="echo", tenant="t"))
+    lease = _claim(harness, job.job_id, "w:1")
+
+    class RevokedDuringBegin:
+        def __getattr__(self, name: str) -> object:
+            return getattr(harness.store, name)
+
+        def effect_begin(self, *args: object, **kwargs: object) -> object:
+            got = harness.store.effect_begin(*args, **kwargs)
+            guard.revoke("timed out")
+            return got
+
+    guard = LeaseGuard(RevokedDuringBegin(), lease, ttl_s=30, renew_interval_s=10)  # type: ignore[arg-type]
+    ran: list[int] = []
+    with pytest.raises(LeaseLost):
+        guard.side_effect("send", lambda: ran.append(1))
+    assert ran == []
+    assert _ledger(harness, job.job_id) == [("send", "failed", lease.epoch)]
 
 
 def test_the_attempt_that_marked_an_effect_settles_it_once(harness):
