@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import tracing
 from .clock import Clock, MonotonicClock
-from .errors import AgentDispatchError, EffectUnknown, InvalidInput, LeaseLost
+from .errors import AgentDispatchError, EffectUnknown, InvalidInput, LeaseLost, TaskQueueUnavailable
 from .policy import renew_every
 from .workitem import Lease
 
@@ -340,14 +340,29 @@ class LeaseGuard:
         if self.ledger is None:
             return await self._io(self._begin, key, retry_unknown=retry_unknown)
         self.check()
-        got: Effect | None = await self._queued(self._op(key, retry_unknown=retry_unknown))
+        try:
+            got: Effect | None = await self._queued(self._op(key, retry_unknown=retry_unknown))
+        except TaskQueueUnavailable:
+            # The batch's COMMIT may have landed (a database restart cut its
+            # answer): fn never ran, so its mark must not read as unknown later.
+            await self._io(self._settle_quietly, key, "failed")
+            raise
         return got
 
     async def _asettle(self, key: str, state: EffectState, result: Any) -> None:
         if self.ledger is None:
             await self._io(self._settle, key, state, result)
             return
-        if not await self._queued(self._op(key, state, result)):
+        try:
+            recorded = await self._queued(self._op(key, state, result))
+        except TaskQueueUnavailable:
+            # The batch's COMMIT may or may not have landed (a database restart
+            # cut its answer). A settlement is idempotent: write it again alone,
+            # with the store's patience for a restart, rather than leave what
+            # this attempt saw as unknown.
+            await self._io(self._settle, key, state, result)
+            return
+        if not recorded:
             self.revoke(f"job {self.job_id}: another attempt took over side effect {key!r}")
             raise LeaseLost(f"job {self.job_id}: another attempt took over side effect {key!r}")
 
@@ -375,12 +390,18 @@ class LeaseGuard:
 
     def _begin(self, key: str, *, retry_unknown: bool) -> Effect | None:
         self.check()
-        with self._mutex:
-            try:
-                return self.store.effect_begin(self.lease, key, self.ttl_s, retry_unknown=retry_unknown)
-            except LeaseLost as exc:
-                self.revoke(str(exc))
-                raise
+        try:
+            with self._mutex:
+                try:
+                    return self.store.effect_begin(self.lease, key, self.ttl_s, retry_unknown=retry_unknown)
+                except LeaseLost as exc:
+                    self.revoke(str(exc))
+                    raise
+        except TaskQueueUnavailable:
+            # Its COMMIT may have landed (a database restart cut the answer):
+            # fn never ran, so its mark must not read as unknown later.
+            self._settle_quietly(key, "failed")
+            raise
 
     def _settle(self, key: str, state: EffectState, result: Any) -> None:
         with self._mutex:

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 import pytest
 
 from agentdispatch import NOT_HAPPENED, EffectInFlight, EffectUnknown, LeaseLost, Status, Submission
+from agentdispatch.errors import TaskQueueUnavailable
 from agentdispatch.handlers import Registry
 from agentdispatch.lease import LeaseGuard
 from agentdispatch.stores.base import ClaimKind
@@ -194,6 +195,31 @@ def test_no_effect_starts_when_the_guard_is_revoked_during_its_begin(harness):
         guard.side_effect("send", lambda: ran.append(1))
     assert ran == []
     assert _ledger(harness, job.job_id) == [("send", "failed", lease.epoch)]
+
+
+def test_a_begin_whose_commit_answer_was_lost_leaves_no_doubt(harness):
+    # A database restart cut the answer to the begin's COMMIT, which landed:
+    # fn never ran, so the next attempt must run it, not dead-letter the turn.
+    job = harness.dispatcher().submit(Submission(kind="echo", tenant="t"))
+    lease = _claim(harness, job.job_id, "w:1")
+
+    class CutCommit:
+        def __getattr__(self, name: str) -> object:
+            return getattr(harness.store, name)
+
+        def effect_begin(self, *args: object, **kwargs: object) -> object:
+            harness.store.effect_begin(*args, **kwargs)
+            raise TaskQueueUnavailable("PostgreSQL connection lost during COMMIT; the outcome is unknown")
+
+    guard = LeaseGuard(CutCommit(), lease, ttl_s=30, renew_interval_s=10)  # type: ignore[arg-type]
+    ran: list[int] = []
+    with pytest.raises(TaskQueueUnavailable):
+        guard.side_effect("send", lambda: ran.append(1))
+    assert ran == [] and _ledger(harness, job.job_id) == [("send", "failed", lease.epoch)]
+    harness.store.renew_many([lease], 0)  # the attempt gave up: its lease runs out
+    second = LeaseGuard(harness.store, _claim(harness, job.job_id, "w:2"), ttl_s=30, renew_interval_s=10)
+    second.side_effect("send", lambda: ran.append(2))
+    assert ran == [2]
 
 
 def test_the_attempt_that_marked_an_effect_settles_it_once(harness):

@@ -5,12 +5,15 @@ the fence), on every store."""
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from agentdispatch import NOT_HAPPENED, EffectUnknown, LeaseGuard, LeaseLost, Submission
+from agentdispatch.errors import TaskQueueUnavailable
 from agentdispatch.lease import Fence
-from agentdispatch.stores.base import ClaimKind
+from agentdispatch.runtime.ledger import Ledger
+from agentdispatch.stores.base import ClaimKind, LedgerOp
 
 
 def _attempt(harness, job_id: str) -> LeaseGuard:
@@ -98,3 +101,69 @@ def test_no_effect_starts_once_the_guard_is_revoked_or_fenced(harness):
     with pytest.raises(LeaseLost):
         asyncio.run(fresh.side_effect_async("b", send))
     assert ran == [] and _ledger(harness, job.job_id) == []
+
+
+class _CutCommit:
+    """The store, but the first ledger batch holding an op of ``state`` (None:
+    a begin) loses its COMMIT's answer, as in a database restart: the batch
+    landed or not (``landed``), and the caller hears that the outcome is unknown."""
+
+    def __init__(self, store: object, state: str | None, landed: bool) -> None:
+        self.store, self.state, self.landed, self.cut = store, state, landed, False
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+    def ledger_many(self, ops: list[LedgerOp]) -> list[object]:
+        if not self.cut and any(op.state == self.state for op in ops):
+            self.cut = True
+            if self.landed:
+                self.store.ledger_many(ops)  # type: ignore[attr-defined]
+            raise TaskQueueUnavailable("PostgreSQL connection lost during COMMIT; the outcome is unknown")
+        return self.store.ledger_many(ops)  # type: ignore[attr-defined,no-any-return]
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["landed", "lost"])
+def test_a_settlement_whose_commit_was_cut_is_written_again(harness, landed):
+    job = harness.dispatcher().submit(Submission(kind="echo", tenant="t"))
+    guard = _attempt(harness, job.job_id)
+    ran: list[int] = []
+
+    async def send() -> str:
+        ran.append(1)
+        return "sent"
+
+    async def run() -> str:
+        with ThreadPoolExecutor(1) as pool:
+            guard.ledger = Ledger(_CutCommit(harness.store, "committed", landed), pool).submit  # type: ignore[arg-type]
+            return await guard.side_effect_async("send", send)
+
+    # The effect happened and the worker saw it: a lost answer to the record
+    # must not leave it "intended" (the next attempt would dead-letter the turn).
+    assert asyncio.run(run()) == "sent"
+    assert ran == [1] and _ledger(harness, job.job_id) == [("send", "committed")]
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["landed", "lost"])
+def test_a_begin_whose_commit_was_cut_leaves_no_doubt(harness, landed):
+    job = harness.dispatcher().submit(Submission(kind="echo", tenant="t"))
+    guard = _attempt(harness, job.job_id)
+    ran: list[int] = []
+
+    async def send() -> str:
+        ran.append(1)
+        return "sent"
+
+    async def run() -> str:
+        with ThreadPoolExecutor(1) as pool:
+            guard.ledger = Ledger(_CutCommit(harness.store, None, landed), pool).submit  # type: ignore[arg-type]
+            return await guard.side_effect_async("send", send)
+
+    with pytest.raises(TaskQueueUnavailable):
+        asyncio.run(run())
+    # fn never ran: its mark, if it landed, says so, and the next attempt runs it.
+    assert ran == [] and _ledger(harness, job.job_id) == ([("send", "failed")] if landed else [])
+    _crash(harness, guard)
+    second = _attempt(harness, job.job_id)
+    assert asyncio.run(second.side_effect_async("send", send)) == "sent"
+    assert ran == [1] and _ledger(harness, job.job_id) == [("send", "committed")]
