@@ -106,6 +106,28 @@ def test_slack_auth_failures_store_nothing(live: Live) -> None:
     assert count(live.data, "SELECT count(*) FROM intake_receipts") == before
 
 
+def test_slack_headers_and_bodies_no_sender_could_sign_are_401(live: Live) -> None:
+    # Anyone can send these without a secret: each must be refused, not fail
+    # the request.
+    before = count(live.data, "SELECT count(*) FROM intake_receipts")
+    body = slack_event("EvOdd")
+    now = str(int(time.time()))
+    sent: list[tuple[bytes, list[tuple[str, str | bytes]]]] = [
+        (body, [("X-Slack-Request-Timestamp", "soon"), ("X-Slack-Signature", "v0=00")]),
+        (body, [("X-Slack-Request-Timestamp", "1.5"), ("X-Slack-Signature", "v0=00")]),
+        (body, [("X-Slack-Request-Timestamp", now), ("X-Slack-Signature", b"v0=\xe9\xe9")]),
+        (
+            b'{"type":"event_callback","text":"\xff\xfe"}',
+            [("X-Slack-Request-Timestamp", now), ("X-Slack-Signature", "v0=00")],
+        ),
+    ]
+    for content, headers in sent:
+        with httpx.Client(base_url=live.gw.url, timeout=10) as c:  # a 500 would close the shared client's connection
+            r = c.post(f"/intake/slack/{APP}", content=content, headers=headers)
+        assert (r.status_code, r.json()["error"]) == (401, "unauthorized")
+    assert count(live.data, "SELECT count(*) FROM intake_receipts") == before
+
+
 def test_url_verification_only_when_signed(live: Live) -> None:
     body = json.dumps({"type": "url_verification", "challenge": "ch-123", "token": "x"}).encode()
     before = count(live.data, "SELECT count(*) FROM work_items")

@@ -31,7 +31,12 @@ def verify(secret: str, headers: Mapping[str, str], body: bytes, now: float) -> 
     if not secret:
         return False
     verifier = SignatureVerifier(secret, clock=_At(now))
-    return verifier.is_valid(body, headers.get("x-slack-request-timestamp"), headers.get("x-slack-signature"))
+    try:
+        return verifier.is_valid(body, headers.get("x-slack-request-timestamp"), headers.get("x-slack-signature"))
+    except (ValueError, TypeError):
+        # The SDK raises on a non-numeric timestamp, a body that is not UTF-8 or
+        # a non-ASCII signature; none of them comes from Slack, so: not valid.
+        return False
 
 
 def parse(body: bytes) -> dict[str, Any] | None:
