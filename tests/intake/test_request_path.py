@@ -8,7 +8,7 @@ import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -154,6 +154,27 @@ def test_never_acceptable_input_is_a_rejected_receipt_and_200(live: Live) -> Non
     got = {r["reason"] for r in rows if r["job_id"] is None}
     assert {"malformed", "unsupported_type"} <= got
     assert receipts(live, f"{TG_BOT}:5555") == 1 and items_of(live, f"{TG_BOT}:5555") == 0
+
+
+def test_signed_fields_the_connectors_cannot_read_are_answered_not_500(live: Live) -> None:
+    # Authenticated input that a 500 would have the provider resend forever.
+    def post(send: Callable[[httpx.Client], httpx.Response]) -> httpx.Response:
+        with httpx.Client(base_url=live.gw.url, timeout=10) as c:  # a 500 would close the shared client's connection
+            return send(c)
+
+    nested = b"[" * 100_000 + b"]" * 100_000
+    assert post(lambda c: post_tg(c, nested)).status_code == 200
+    digest = hashlib.sha256(nested).hexdigest()[:32]
+    assert receipts(live, f"{TG_BOT}:malformed:{digest}") == 1
+    retried = slack_event("EvOddRetry")
+    assert post(lambda c: post_slack(c, retried, **{"X-Slack-Retry-Num": "two"})).status_code == 200
+    assert items_of(live, f"{APP}:T0TEAM:EvOddRetry") == 1
+    media = [*sms_params("SMmedia"), ("NumMedia", "many")]
+    assert post(lambda c: post_twilio(c, "sms", media)).status_code == 200
+    assert items_of(live, f"{ACCOUNT}:SMmedia") == 1
+    call = [("AccountSid", ACCOUNT), ("CallSid", "CAodd"), ("From", "+1"), ("To", NUMBER)]
+    assert post(lambda c: post_twilio(c, "voice", call, query="step=first")).status_code == 200
+    assert post(lambda c: post_twilio(c, "voice/status", call, query="step=1&poll=x&call=CAodd")).status_code == 200
 
 
 def test_concurrent_delivery_and_retry(live: Live) -> None:

@@ -28,7 +28,7 @@ from ..intake.answers import Answer, ok, twiml
 from ..intake.base import IntakeStore
 from ..intake.body import BodyRejected, read_capped
 from ..intake.credentials import CredentialError, open_credentials
-from ..intake.envelope import Rejection
+from ..intake.envelope import Rejection, number
 from .auth import authenticate
 from .errors import RETRY_AFTER_S, ApiError, error_body, is_outage
 from .services import Services
@@ -197,7 +197,7 @@ def build_router(services: Services) -> APIRouter:
         doc = slack.parse(body)
         if doc is not None and doc.get("type") == "url_verification":
             return JSONResponse({"challenge": str(doc.get("challenge", ""))})
-        retry = int(request.headers.get("x-slack-retry-num", "0") or 0)
+        retry = number(request.headers.get("x-slack-retry-num"), 0)
         reason_hdr = request.headers.get("x-slack-retry-reason")
         rejected = Answer(200, headers=no_retry)
         inc: Incoming
@@ -282,7 +282,7 @@ def build_router(services: Services) -> APIRouter:
         if isinstance(got, Response):
             return got
         body, inst, params = got
-        step = int(request.query_params.get("step", "0") or 0)
+        step = number(request.query_params.get("step"), 0)
         base = f"{str(inst['public_url']).rstrip('/')}/intake/twilio/{account}"
         call = params.get("CallSid", "")
         norm = twilio.voice(params, inst["id"], step)
@@ -304,7 +304,7 @@ def build_router(services: Services) -> APIRouter:
             return got
         _body, inst, _params = got
         q = request.query_params
-        step, poll, call = int(q.get("step", "1") or 1), int(q.get("poll", "1") or 1), q.get("call", "")
+        step, poll, call = number(q.get("step"), 1), number(q.get("poll"), 1), q.get("call", "")
         base = f"{str(inst['public_url']).rstrip('/')}/intake/twilio/{account}"
         try:
             row = await intake.db(lambda _: intake.istore.receipt_by_source("twilio", f"{account}:{call}:{step}"))

@@ -85,3 +85,9 @@ class Rejection:
     reason: str
     source_id: str
     conversation: str = ""
+
+
+def number(text: str | None, default: int) -> int:
+    """A small count from a header, query or form field (retry number, step,
+    media count); anything else is ``default``, never an error."""
+    return int(text) if text and text.isascii() and text.isdigit() and len(text) <= 6 else default

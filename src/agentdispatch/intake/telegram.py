@@ -22,7 +22,7 @@ def parse(body: bytes) -> dict[str, Any] | None:
     """The JSON object of an authenticated body, or None when malformed."""
     try:
         doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply to read
         return None
     return doc if isinstance(doc, dict) else None
 

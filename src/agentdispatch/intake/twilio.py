@@ -12,7 +12,7 @@ from twilio.request_validator import RequestValidator
 from twilio.twiml.voice_response import Gather, VoiceResponse
 
 from .answers import Answer, twiml
-from .envelope import IntakeEnvelope, Rejection
+from .envelope import IntakeEnvelope, Rejection, number
 
 HEADER = "x-twilio-signature"
 
@@ -62,7 +62,7 @@ def params_of(body: bytes, url: str) -> dict[str, str] | None:
     if "bodySHA256=" in urlsplit(url).query:
         try:
             doc = json.loads(body)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply to read
             return None
         return {str(k): str(v) for k, v in doc.items()} if isinstance(doc, dict) else None
     pairs = form(body)
@@ -77,7 +77,7 @@ def sms(p: Mapping[str, str], installation: str) -> IntakeEnvelope | Rejection:
     if "MessageStatus" in p and "Body" not in p:
         return Rejection("status_callback", f"{acct}:{sid}:{p['MessageStatus']}")
     sender = p.get("From", "")
-    media = [p[f"MediaUrl{i}"] for i in range(int(p.get("NumMedia", "0") or 0)) if f"MediaUrl{i}" in p]
+    media = [p[f"MediaUrl{i}"] for i in range(number(p.get("NumMedia"), 0)) if f"MediaUrl{i}" in p]
     return IntakeEnvelope(
         connector="twilio",
         installation=installation,
