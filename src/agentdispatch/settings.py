@@ -65,7 +65,8 @@ class Settings(BaseSettings):
     intake_key: SecretStr | None = Field(default=None, alias="AGENT_DISPATCH_INTAKE_KEY")
     #: Durable intake: a receipt commit slower than this answers 503 (providers retry).
     intake_commit_timeout_s: float = Field(default=2.0, gt=0, le=60, alias="AGENT_DISPATCH_INTAKE_COMMIT_TIMEOUT_S")
-    #: Durable intake: a webhook body not fully read within this cuts the sender off (408).
+    #: Gateway read deadline: a request head or webhook body not fully received within
+    #: this cuts the sender off (the head by closing the connection, a body with 408).
     intake_body_timeout_s: float = Field(default=10.0, gt=0, le=120, alias="AGENT_DISPATCH_INTAKE_BODY_TIMEOUT_S")
     #: Durable intake: how often the gateway scrubs expired terminal bodies.
     intake_scrub_every_s: float = Field(default=3600.0, gt=0, le=86400, alias="AGENT_DISPATCH_INTAKE_SCRUB_EVERY_S")

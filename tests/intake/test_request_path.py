@@ -286,6 +286,23 @@ def test_50mb_body_and_slow_sender_are_cut_off(live: Live) -> None:
     assert count(live.data, "SELECT count(*) FROM intake_receipts") == before
 
 
+def test_a_request_head_not_received_in_time_closes_the_connection(live: Live) -> None:
+    # Nothing, part of a head, or part of the head of the next request on a
+    # kept-alive connection: the body deadline never starts for any of them,
+    # so only a deadline on the head ends them (the fixture sets 2 s).
+    first = b"POST /intake/telegram/" + TG_BOT.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+    cases = [([], 0), ([b"POST / HTTP/1.1\r\nHost: x\r\nX-Slow: a"], 0), ([first, b"GET / HTTP/1.1\r\nX-"], 1)]
+    for sent, answers in cases:
+        with socket.create_connection(("127.0.0.1", live.gw.port), timeout=15) as s:
+            started = time.monotonic()
+            for part in sent:
+                s.sendall(part)
+            got = b""
+            while chunk := s.recv(65536):  # returns b"" once the gateway closes; raises if it never does
+                got += chunk
+            assert got.count(b"HTTP/1.1 ") == answers and time.monotonic() - started < 10
+
+
 def test_store_too_slow_is_503_then_the_retry_is_admitted(live: Live) -> None:
     body = tg_update(4242)
     blocker = sqlite3.connect(live.data / "agent_dispatch_queue.db", timeout=30, isolation_level=None)

@@ -69,6 +69,7 @@ def register(main: click.Group) -> None:
 
         from ..gateway import Services, create_app
         from ..gateway.auth import check_bind
+        from ..gateway.protocol import with_head_deadline
         from ..logs import logging_config
 
         try:
@@ -88,7 +89,8 @@ def register(main: click.Group) -> None:
         try:
             # One log format for uvicorn's lines and ours (AGENT_DISPATCH_LOG_FORMAT).
             config = logging_config(obj.settings.log_format.value, log_level)
-            uvicorn.run(create_app(services), host=host, port=port, log_config=config, access_log=False)
+            http = with_head_deadline(obj.settings.intake_body_timeout_s)
+            uvicorn.run(create_app(services), host=host, port=port, log_config=config, access_log=False, http=http)
         finally:
             services.close()
 
