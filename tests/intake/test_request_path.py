@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import socket
@@ -284,6 +285,24 @@ def test_50mb_body_and_slow_sender_are_cut_off(live: Live) -> None:
     stalled = b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
     assert _raw(live, stalled, [b"{"]).startswith(b"HTTP/1.1 408")
     assert count(live.data, "SELECT count(*) FROM intake_receipts") == before
+
+
+def test_a_refused_body_closes_the_connection(live: Live) -> None:
+    # The rest of a refused body is never read: one more byte of it after the
+    # answer (which cancels the keep-alive timer) used to hold the connection.
+    cases = [(f"/intake/telegram/{TG_BOT}", b"52428800", b"413"), ("/v1/jobs", b"52428800", b"413"),
+             (f"/intake/telegram/{TG_BOT}", b"100", b"408")]  # fmt: skip
+    for path, declared, status in cases:
+        with socket.create_connection(("127.0.0.1", live.gw.port), timeout=8) as s:
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: ".encode() + declared + b"\r\n\r\n{")
+            got = b""
+            while b"\r\n\r\n" not in got and (chunk := s.recv(65536)):
+                got += chunk
+            assert got.startswith(b"HTTP/1.1 " + status)
+            with contextlib.suppress(ConnectionError):  # closed before the byte or the read: as wanted
+                s.sendall(b"x")
+                while s.recv(65536):  # b"" once the gateway closes; a timeout if it never does
+                    pass
 
 
 def test_a_request_head_not_received_in_time_closes_the_connection(live: Live) -> None:

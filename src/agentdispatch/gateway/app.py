@@ -64,7 +64,9 @@ class BodyLimit:
 
 
 def _too_large(limit: int) -> errors.ApiError:
-    return errors.ApiError(413, "body_too_large", f"request bodies are limited to {limit} bytes")
+    # The rest of the body is never read: close rather than wait for it.
+    message = f"request bodies are limited to {limit} bytes"
+    return errors.ApiError(413, "body_too_large", message, headers={"Connection": "close"})
 
 
 def _asset(name: str) -> bytes:

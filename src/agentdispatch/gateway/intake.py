@@ -159,6 +159,13 @@ class Intake:
         return await read_capped(request, timeout_s=self.services.settings.intake_body_timeout_s)
 
 
+def _body_refused(exc: BodyRejected, headers: dict[str, str] | None = None) -> Response:
+    """A refused body (too large, too slow, gone). The rest of it is never read:
+    close the connection rather than wait for it, or a sender trickling it
+    would hold the connection for as long as it liked."""
+    return _error(exc.status, str(exc), {**(headers or {}), "Connection": "close"})
+
+
 def _unavailable(answer: Answer | None = None, reason: str = "unavailable") -> Response:
     if answer is not None:
         return _send(answer)
@@ -183,7 +190,7 @@ def build_router(services: Services) -> APIRouter:
             body = await intake.body(request)
             insts = await intake.installations("slack", app_id)
         except BodyRejected as exc:
-            return _error(exc.status, str(exc), no_retry)
+            return _body_refused(exc, no_retry)
         except Unavailable:
             return _unavailable()
         now = time.time()
@@ -226,7 +233,7 @@ def build_router(services: Services) -> APIRouter:
             body = await intake.body(request)
             insts = [i for i in await intake.installations("telegram", bot_id) if i["external_id"] == bot_id]
         except BodyRejected as exc:
-            return _error(exc.status, str(exc))
+            return _body_refused(exc)
         except Unavailable:
             return _unavailable()
         inst = insts[0] if insts else None
@@ -250,7 +257,7 @@ def build_router(services: Services) -> APIRouter:
             body = await intake.body(request)
             insts = await intake.installations("twilio", account)
         except BodyRejected as exc:
-            return _error(exc.status, str(exc))
+            return _body_refused(exc)
         except Unavailable:
             return _unavailable()
         query = request.url.query
