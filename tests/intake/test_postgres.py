@@ -1,12 +1,14 @@
 """The request path on PostgreSQL: concurrent copies of one delivery, a
 store that stalls past the commit timeout (503, nothing written, retry
-admitted), and an intake near the backlog bound that waits for no other."""
+admitted), an intake near the backlog bound that waits for no other, and
+recovery soon after a long database outage."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from intake.kit import (
     slack_event,
     tg_update,
 )
+from pg import PrivateCluster
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +187,35 @@ def test_backlog_slots_of_ended_items_are_taken_again() -> None:
     finally:
         for fn in cleanup:
             fn()
+
+
+@pytest.mark.slow
+def test_intake_answers_again_soon_after_a_long_database_outage(tmp_path: Path) -> None:
+    # A provider retries through the outage; once the database is back the
+    # next retry must be taken within seconds, however long it was down.
+    cluster = PrivateCluster().start()
+    try:
+        env = {"STATE_DB_URI": cluster.uri(), "TASK_QUEUE_BACKEND": "postgres"}
+        data = tmp_path / "data"
+        migrate(data, **env)
+        install_all(data, **env)
+        gw = gateway(data, AGENT_DISPATCH_INTAKE_COMMIT_TIMEOUT_S="1", **env)
+        try:
+            with gw.client() as c:
+                assert post_tg(c, tg_update(1)).status_code == 200
+                cluster.stop()
+                down_until = time.monotonic() + 16  # long enough for the pool's retry delay to double past 10 s
+                while time.monotonic() < down_until:
+                    r = post_tg(c, tg_update(2))
+                    assert r.status_code == 503 and r.headers["Retry-After"].isdigit()
+                    time.sleep(0.5)  # the provider's retry interval
+                cluster.start()
+                back = time.monotonic()
+                while (r := post_tg(c, tg_update(2))).status_code != 200:
+                    assert r.status_code == 503 and time.monotonic() - back < 6
+                    time.sleep(0.2)
+        finally:
+            gw.stop()
+        assert _count(cluster.uri(), "SELECT count(*) FROM intake_receipts WHERE source_id = %s", f"{TG_BOT}:2") == 1
+    finally:
+        cluster.destroy()

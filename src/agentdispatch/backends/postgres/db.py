@@ -138,6 +138,12 @@ def _quiet_pool_logs() -> None:
         logger.addFilter(_QuietPool())
 
 
+#: Seconds the pool retries a lost connection (doubling its delay each time)
+#: before it gives up; the next request that finds no connection starts again
+#: at once. Over a long chain the delays grew to minutes, so after a long
+#: outage the pool kept failing for about as long again.
+RECONNECT_S = 5.0
+
 #: Seconds the start-up probe waits for a connection when the URI sets no connect_timeout.
 PROBE_TIMEOUT_S = 5
 
@@ -211,7 +217,7 @@ class PgDb:
             timeout=timeout_s,
             open=False,
             name="agentdispatch",
-            reconnect_timeout=3600.0,
+            reconnect_timeout=RECONNECT_S,
         )
         self.pool.open(wait=False)
 
