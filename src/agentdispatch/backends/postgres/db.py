@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -147,6 +148,33 @@ RECONNECT_S = 5.0
 #: Seconds the start-up probe waits for a connection when the URI sets no connect_timeout.
 PROBE_TIMEOUT_S = 5
 
+#: libpq settings for every connection whose URI leaves them unset. A link
+#: that goes silent (a dead host, a dropped NAT entry, a blackholed route)
+#: then fails its connection within seconds, and the pool or the listener
+#: starts a new one; without them a statement waits out the kernel's
+#: retransmissions (about 15 minutes) and a connect never ends.
+LINK_DEFAULTS: dict[str, int] = {
+    "connect_timeout": 10,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
+
+
+def with_link_defaults(uri: str) -> str:
+    """``uri`` with :data:`LINK_DEFAULTS` for what it (or ``PGCONNECT_TIMEOUT``)
+    leaves unset; an invalid URI is returned as it is, for libpq to refuse."""
+    try:
+        given = conninfo_to_dict(uri)
+    except psycopg.ProgrammingError:
+        return uri
+    if os.environ.get("PGCONNECT_TIMEOUT"):
+        given["connect_timeout"] = os.environ["PGCONNECT_TIMEOUT"]
+    return make_conninfo(uri, **{k: v for k, v in LINK_DEFAULTS.items() if k not in given})
+
+
 #: Known causes of a failed connection, by the libpq message; never echoes
 #: the host, port, user or database name.
 _CAUSES = (
@@ -209,7 +237,7 @@ class PgDb:
         # this process (the failed transaction certainly rolled back: retried).
         self.prepared = prepared
         self.pool: ConnectionPool[Conn] = ConnectionPool(
-            uri,
+            with_link_defaults(uri),
             kwargs={"autocommit": True, "row_factory": dict_row, "prepare_threshold": 5 if prepared else None},
             connection_class=Conn,
             min_size=1,

@@ -20,7 +20,7 @@ import psycopg
 from ...errors import DepthUnavailable, TaskQueueUnavailable
 from ...sqlfiles import Queries
 from ...transports.base import Delivery, Receipt
-from .db import Conn, PgDb, describe
+from .db import Conn, PgDb, describe, with_link_defaults
 
 if TYPE_CHECKING:
     from ...stores.base import Outbox, Store
@@ -84,14 +84,7 @@ class _Listener:
         backoff = 0.1
         while not self._stop.is_set():
             try:
-                with psycopg.connect(
-                    self.uri,
-                    autocommit=True,
-                    keepalives=1,
-                    keepalives_idle=10,
-                    keepalives_interval=5,
-                    keepalives_count=3,
-                ) as conn:
+                with psycopg.connect(with_link_defaults(self.uri), autocommit=True) as conn:
                     self._conn = conn
                     conn.execute(f"LISTEN {CHANNEL}")
                     listening = conn.execute("SELECT count(*) FROM pg_listening_channels()").fetchone()
