@@ -45,6 +45,10 @@ class Bouncer:
             f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\n"
             f"auth_type = trust\nauth_file = {self.dir / 'userlist.txt'}\n"
             "pool_mode = transaction\nmax_client_conn = 1000\ndefault_pool_size = 20\n"
+            # Idle server connections are handed out in turn, not the last
+            # used first: consecutive transactions of one client land on
+            # different servers, as under production load.
+            "server_round_robin = 1\n"
             "ignore_startup_parameters = extra_float_digits\n"
             f"logfile = {self.dir / 'pgbouncer.log'}\n"
         )

@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
@@ -25,6 +26,22 @@ BASE = os.environ.get("AGENTDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:
 Open = Callable[[bool], tuple[PostgresStore, Dispatcher]]
 
 
+def _open_servers(uri: str, n: int) -> None:
+    """Make PgBouncer open ``n`` server connections to the database: ``n``
+    clients each hold a transaction at once. With one server only, every
+    transaction would find its prepared statements."""
+    conns = [psycopg.connect(uri, autocommit=True) for _ in range(n)]
+    try:
+        for c in conns:
+            c.execute("BEGIN")
+            c.execute("SELECT 1")
+        for c in conns:
+            c.execute("COMMIT")
+    finally:
+        for c in conns:
+            c.close()
+
+
 @pytest.fixture
 def through_bouncer() -> Iterator[Open]:
     """Opens a store (prepared statements on or off) on a fresh database
@@ -35,6 +52,7 @@ def through_bouncer() -> Iterator[Open]:
         direct = fresh_pg_database(cleanup)
         PostgresStore(direct).migrate()
         uri = bouncer(BASE).uri(direct.rsplit("/", 1)[1])
+        _open_servers(uri, 3)
         store = PostgresStore(uri, prepared=prepared, pool_size=8)
         transport = PostgresTransport(store)
         cleanup[:0] = [transport.close, store.close]
