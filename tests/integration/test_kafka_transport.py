@@ -313,3 +313,28 @@ def test_a_consuming_process_re_creates_the_topic_a_restarted_broker_lost(env: E
     while transport._admin.partitions(timeout_s=2) is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert transport._admin.partitions(timeout_s=2) == 3
+
+
+def test_a_consuming_process_publishes_at_once_on_a_broker_that_lost_its_state(env: Env) -> None:
+    """A broker restarted without persistent storage forgot the idempotent
+    producer's id, and refuses the old client's messages until they time out
+    (Tansu does, epoch bump or not). The group watch that finds the log gone
+    starts a new client, so the first publish after the restart goes through
+    rather than failing a flush timeout later."""
+    settings = env.settings()
+    _, transport = env.open(settings, timeout_s=10.0)
+    transport.prepare("w:0")
+    transport.put(_env(0))  # the client now has a producer id the broker knew
+    env.broker.restart()  # topic, log, group and producer ids are gone
+    deadline = time.monotonic() + 30
+    while transport.producer.resets == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert transport.producer.resets >= 1  # replaced by the watch: no publish has failed
+    transport.put(_env(1))  # the old client would have raised after timeout_s
+    seen: list[str] = []
+    deadline = time.monotonic() + 30
+    while "job-1" not in seen and time.monotonic() < deadline:
+        d = transport.get("w:0", visibility_s=30, wait_s=0.2)
+        if d is not None:
+            seen.append(Envelope.from_json(d.raw).job_id)
+    assert "job-1" in seen

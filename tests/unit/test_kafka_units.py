@@ -235,6 +235,44 @@ def test_drained_cutoff_is_the_newest_probe_whose_watermarks_the_group_reached()
     assert d.cutoff() == 7
 
 
+def test_drained_tells_which_probe_first_saw_a_new_log():
+    from agentdispatch.backends.kafka.watch import Drained, with_ends
+
+    d = Drained()
+    assert not d.observe(0, {0: (0, 10), 1: (0, 5)})
+    assert not d.observe(1, {0: (10, 20), 1: (5, 5)})
+    # The broker lost its log: offsets went back. That probe says so, once.
+    assert d.observe(2, {0: (0, 0), 1: (0, 0)})
+    assert d.lost_at == 1
+    assert not d.observe(3, {0: (0, 4), 1: (0, 0)})
+    # A consumer's fetch of the old log raises the ends; the broker's own
+    # answer still shows the next loss.
+    assert not d.observe(4, with_ends({0: (4, 4), 1: (0, 2)}, {0: 4}), {0: (4, 4), 1: (0, 2)})
+    assert d.observe(5, with_ends({0: (0, 0), 1: (0, 0)}, {0: 4}), {0: (0, 0), 1: (0, 0)})
+    assert d.lost_at == 4
+
+
+def test_a_producer_renewed_for_a_lost_broker_state_starts_over_once():
+    from agentdispatch.backends.kafka.producer import CoalescingProducer
+
+    # No broker needed: a client is made without connecting.
+    p = CoalescingProducer({"bootstrap.servers": "127.0.0.1:1"}, "t", flush_timeout_s=0.5)
+    try:
+        first = p._p
+        before = time.monotonic()
+        p.renew()  # the topic is gone: start over
+        second = p._p
+        assert second is not first and p.resets == 1
+        # The same loss seen again (a probe of the new log): a client made
+        # after the last probe of the old log is kept.
+        p.renew(older_than=before)
+        assert p._p is second and p.resets == 1
+        p.renew(older_than=time.monotonic())  # a later loss: made before it
+        assert p._p is not second and p.resets == 2
+    finally:
+        p.close()
+
+
 def test_kafka_redelivery_waits_for_the_group_to_pass_the_items_publish_with_bounds():
     from agentdispatch.backends.kafka.transport import PUBLISH_MARGIN_S, KafkaTransport
     from agentdispatch.backends.kafka.watch import Backlog, Drained

@@ -153,6 +153,7 @@ class CoalescingProducer:
         }
         self._conf = conf
         self._p = Producer(conf)
+        self._made_at = time.monotonic()
         self.resets = 0
         self._gate: GroupCommit[None] = GroupCommit(linger_s)
         self._serial = threading.RLock()
@@ -245,6 +246,16 @@ class CoalescingProducer:
 
         threading.Thread(target=check, name="kafka-topic-check", daemon=True).start()
 
+    def renew(self, older_than: float | None = None) -> None:
+        """Start over with a new client now, unless the current one was made
+        after ``older_than`` (monotonic): the broker lost its state (a
+        restart without persistent storage, the topic gone). The idempotent
+        producer's id went with it, and a broker may refuse the old client's
+        messages until they time out; waiting for that held every publish
+        back for a whole flush timeout after the broker was back."""
+        if older_than is None or self._made_at <= older_than:
+            self._reset(self._p)
+
     def _reset(self, client: Producer) -> None:
         # A restarted broker may have lost the idempotent producer's state (and
         # the old client keeps waiting on it): start over with a new producer,
@@ -255,6 +266,7 @@ class CoalescingProducer:
             if self._p is not client:
                 return
             self._p = Producer(self._conf)
+            self._made_at = time.monotonic()
             self.resets += 1
         with contextlib.suppress(Exception):
             client.purge()

@@ -149,6 +149,7 @@ class KafkaTransport:
         self.stall_s = 2 * session_timeout_ms / 1000 if stall_s is None else stall_s
         self._stall = StallWatch(self.stall_s)
         self._watcher: threading.Thread | None = None
+        self._probed_at: float | None = None  # the last probe the broker answered
         self.auto_relay_s = 0.1
         self._outbox: Outbox | None = None
         self._relayer: threading.Thread | None = None
@@ -432,9 +433,11 @@ class KafkaTransport:
             # so the consumers' next metadata refresh finds it, rather than
             # when a publish of this process fails (its flush timeout later).
             self._reensure()
+            self._lost_log()
             return
         except AgentDispatchError:
             return  # unreachable: nothing to consume yet
+        previous, self._probed_at = self._probed_at, started
         holding = any(oc.assigned for oc in consumers)
         # The stall decision first, on the broker's own answer, exactly as
         # without the cutoff: nothing below may delay or prevent a rejoin.
@@ -449,11 +452,20 @@ class KafkaTransport:
                 ends[p] = max(end, ends.get(p, end))
         seen = with_ends(positions, ends)
         self._backlog.observe(time.monotonic(), seen)
-        if relayed is not None:
-            # An item queued after the last emptying relay may be published
-            # after this probe (an outbox row left by an outage, published
-            # late): it is covered from that relay on, not from the probe.
-            self._drained.observe(min(started, relayed), seen, positions)
+        # An item queued after the last emptying relay may be published after
+        # this probe (an outbox row left by an outage, published late): it is
+        # covered from that relay on, not from the probe.
+        if relayed is not None and self._drained.observe(min(started, relayed), seen, positions):
+            # A client made since the previous probe, which saw the old log
+            # (on TopicMissing, or a failed publish), is of the new one.
+            self._lost_log(older_than=previous)
+
+    def _lost_log(self, older_than: float | None = None) -> None:
+        # The broker lost its log, and the producer's state with it: publish
+        # the outbox (and the reconciler's re-publications) on a new client
+        # now, not once the old client's messages have timed out.
+        self.producer.renew(older_than)
+        self._auto_relay()
 
     def _outbox_empty_at(self, now: float) -> float | None:
         """The latest time every item queued before it had its message

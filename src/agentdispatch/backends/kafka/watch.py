@@ -146,12 +146,15 @@ class Drained:
         #: The last probe of the latest log the broker lost, if any.
         self.lost_at: float | None = None
 
-    def observe(self, started: float, positions: Positions, reported: Positions | None = None) -> None:
+    def observe(self, started: float, positions: Positions, reported: Positions | None = None) -> bool:
         """One probe whose watermarks cover every message confirmed before
         ``started`` (they were read after it). ``reported``: the broker's own
         answer, when ``positions`` raised its ends (:func:`with_ends`); a
-        loss is read from it (a consumer's last fetch may be of the old log)."""
+        loss is read from it (a consumer's last fetch may be of the old log).
+        True when this probe is the first of a new log (the broker lost the
+        one the previous probe saw)."""
         self.probed = True
+        lost = False
         highs = {p: high for p, (_done, high) in positions.items()}
         done = {p: d for p, (d, _high) in positions.items()}
         said = {p: high for p, (_done, high) in (positions if reported is None else reported).items()}
@@ -167,6 +170,7 @@ class Drained:
                 # holds a partition's commit back for as long as it runs).
                 self._cutoff = last_at if self._cutoff is None else max(self._cutoff, last_at)
                 self.lost_at = last_at
+                lost = True
         self._last = (started, said, done)
         self._probes.append((started, highs))
         for i in range(len(self._probes) - 1, -1, -1):
@@ -175,7 +179,8 @@ class Drained:
                 self._cutoff = at if self._cutoff is None else max(self._cutoff, at)
                 for _ in range(i):  # superseded by the newer one reached
                     self._probes.popleft()
-                return
+                break
+        return lost
 
     @staticmethod
     def _reached(highs: dict[int, int], done: dict[int, int]) -> bool:
