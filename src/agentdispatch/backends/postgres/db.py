@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -164,14 +163,12 @@ LINK_DEFAULTS: dict[str, int] = {
 
 
 def with_link_defaults(uri: str) -> str:
-    """``uri`` with :data:`LINK_DEFAULTS` for what it (or ``PGCONNECT_TIMEOUT``)
-    leaves unset; an invalid URI is returned as it is, for libpq to refuse."""
+    """``uri`` with :data:`LINK_DEFAULTS` for what it leaves unset; an
+    invalid URI is returned as it is, for libpq to refuse."""
     try:
         given = conninfo_to_dict(uri)
     except psycopg.ProgrammingError:
         return uri
-    if os.environ.get("PGCONNECT_TIMEOUT"):
-        given["connect_timeout"] = os.environ["PGCONNECT_TIMEOUT"]
     return make_conninfo(uri, **{k: v for k, v in LINK_DEFAULTS.items() if k not in given})
 
 
