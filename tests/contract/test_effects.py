@@ -10,7 +10,7 @@ import http.client
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
@@ -173,6 +173,21 @@ def test_a_stale_attempt_cannot_change_the_ledger(harness):
     assert _ledger(harness, job.job_id) == [(key, "released", 1)]
 
 
+class _AfterBegin:
+    """The store, calling ``after()`` once each effect begin has landed."""
+
+    def __init__(self, store: object, after: Callable[[], None]) -> None:
+        self.store, self.after = store, after
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.store, name)
+
+    def effect_begin(self, *args: object, **kwargs: object) -> object:
+        got = self.store.effect_begin(*args, **kwargs)  # type: ignore[attr-defined]
+        self.after()
+        return got
+
+
 def test_no_effect_starts_when_the_guard_is_revoked_during_its_begin(harness):
     # A sync handler's thread cannot be interrupted: its turn timed out (or
     # its lease went unconfirmed) while the begin was in flight. The mark
@@ -180,16 +195,12 @@ def test_no_effect_starts_when_the_guard_is_revoked_during_its_begin(harness):
     job = harness.dispatcher().submit(Submission(kind="echo", tenant="t"))
     lease = _claim(harness, job.job_id, "w:1")
 
-    class RevokedDuringBegin:
-        def __getattr__(self, name: str) -> object:
-            return getattr(harness.store, name)
-
-        def effect_begin(self, *args: object, **kwargs: object) -> object:
-            got = harness.store.effect_begin(*args, **kwargs)
-            guard.revoke("timed out")
-            return got
-
-    guard = LeaseGuard(RevokedDuringBegin(), lease, ttl_s=30, renew_interval_s=10)  # type: ignore[arg-type]
+    guard = LeaseGuard(
+        _AfterBegin(harness.store, lambda: guard.revoke("timed out")),  # type: ignore[arg-type]
+        lease,
+        ttl_s=30,
+        renew_interval_s=10,
+    )
     ran: list[int] = []
     with pytest.raises(LeaseLost):
         guard.side_effect("send", lambda: ran.append(1))
@@ -203,15 +214,10 @@ def test_a_begin_whose_commit_answer_was_lost_leaves_no_doubt(harness):
     job = harness.dispatcher().submit(Submission(kind="echo", tenant="t"))
     lease = _claim(harness, job.job_id, "w:1")
 
-    class CutCommit:
-        def __getattr__(self, name: str) -> object:
-            return getattr(harness.store, name)
+    def cut() -> None:
+        raise TaskQueueUnavailable("PostgreSQL connection lost during COMMIT; the outcome is unknown")
 
-        def effect_begin(self, *args: object, **kwargs: object) -> object:
-            harness.store.effect_begin(*args, **kwargs)
-            raise TaskQueueUnavailable("PostgreSQL connection lost during COMMIT; the outcome is unknown")
-
-    guard = LeaseGuard(CutCommit(), lease, ttl_s=30, renew_interval_s=10)  # type: ignore[arg-type]
+    guard = LeaseGuard(_AfterBegin(harness.store, cut), lease, ttl_s=30, renew_interval_s=10)  # type: ignore[arg-type]
     ran: list[int] = []
     with pytest.raises(TaskQueueUnavailable):
         guard.side_effect("send", lambda: ran.append(1))

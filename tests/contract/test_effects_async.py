@@ -123,8 +123,9 @@ class _CutCommit:
         return self.store.ledger_many(ops)  # type: ignore[attr-defined,no-any-return]
 
 
-@pytest.mark.parametrize("landed", [True, False], ids=["landed", "lost"])
-def test_a_settlement_whose_commit_was_cut_is_written_again(harness, landed):
+def _send_with_cut(harness, state: str | None, landed: bool):
+    """A first attempt, an effect that notes each run, and a coroutine that
+    runs it once through a ledger whose first batch holding ``state`` is cut."""
     job = harness.dispatcher().submit(Submission(kind="echo", tenant="t"))
     guard = _attempt(harness, job.job_id)
     ran: list[int] = []
@@ -135,9 +136,15 @@ def test_a_settlement_whose_commit_was_cut_is_written_again(harness, landed):
 
     async def run() -> str:
         with ThreadPoolExecutor(1) as pool:
-            guard.ledger = Ledger(_CutCommit(harness.store, "committed", landed), pool).submit  # type: ignore[arg-type]
+            guard.ledger = Ledger(_CutCommit(harness.store, state, landed), pool).submit  # type: ignore[arg-type]
             return await guard.side_effect_async("send", send)
 
+    return job, guard, ran, send, run
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["landed", "lost"])
+def test_a_settlement_whose_commit_was_cut_is_written_again(harness, landed):
+    job, _guard, ran, _send, run = _send_with_cut(harness, "committed", landed)
     # The effect happened and the worker saw it: a lost answer to the record
     # must not leave it "intended" (the next attempt would dead-letter the turn).
     assert asyncio.run(run()) == "sent"
@@ -146,19 +153,7 @@ def test_a_settlement_whose_commit_was_cut_is_written_again(harness, landed):
 
 @pytest.mark.parametrize("landed", [True, False], ids=["landed", "lost"])
 def test_a_begin_whose_commit_was_cut_leaves_no_doubt(harness, landed):
-    job = harness.dispatcher().submit(Submission(kind="echo", tenant="t"))
-    guard = _attempt(harness, job.job_id)
-    ran: list[int] = []
-
-    async def send() -> str:
-        ran.append(1)
-        return "sent"
-
-    async def run() -> str:
-        with ThreadPoolExecutor(1) as pool:
-            guard.ledger = Ledger(_CutCommit(harness.store, None, landed), pool).submit  # type: ignore[arg-type]
-            return await guard.side_effect_async("send", send)
-
+    job, guard, ran, send, run = _send_with_cut(harness, None, landed)
     with pytest.raises(TaskQueueUnavailable):
         asyncio.run(run())
     # fn never ran: its mark, if it landed, says so, and the next attempt runs it.
