@@ -85,6 +85,11 @@ class Tx(Protocol):
     def expired_leases(self, now: float, limit: int) -> list[WorkItem]:
         """Held items whose lease expired."""
 
+    def unserve(self, item: WorkItem) -> None:
+        """Forget that the item's session was served by the claim whose lease
+        expired: its turn goes back to its place in the fair order, not behind
+        every session not yet served."""
+
     def held_suspects(self, owner_prefix: str) -> list[tuple[str, int, int]]:
         """(owner, attempt, max_attempts) of the held items whose owner starts
         with ``owner_prefix``, whose last lease ran out, on a third attempt or later."""
@@ -534,6 +539,7 @@ def sweep(tx: Tx, redeliver_after_s: float, limit: int = 500) -> SweepReport:
         done = _save(tx, wi.expire_lease(item, now), "lease_expired")
         if done.status is Status.READY:
             report.reclaimed += 1
+            tx.unserve(done)
             _make_ready(tx, done, now)
         else:
             report.dead_lettered += 1

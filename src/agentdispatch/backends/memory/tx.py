@@ -115,6 +115,9 @@ class MemoryTx:
         rows = [r for r in self.t.effects.values() if r[0].job_id == job_id]
         return [e for e, _ in sorted(rows, key=lambda r: r[1])]
 
+    def unserve(self, item: WorkItem) -> None:
+        pass  # its claim order has no session stamps
+
     def held_suspects(self, owner_prefix: str) -> list[tuple[str, int, int]]:
         return [
             (i.lease_owner, i.attempt, i.max_attempts)

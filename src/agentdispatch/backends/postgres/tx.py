@@ -437,6 +437,10 @@ class PostgresTx:
     def settled_waiters(self, limit: int) -> list[WorkItem]:
         return [item_from_row(r) for r in self._all(Q["settled_waiters"], {"limit": limit})]
 
+    def unserve(self, item: WorkItem) -> None:
+        self.flush()
+        self.c.execute(Q["unserve"], {"priority": item.priority, "group_ref": self.session_ref(item)})
+
     def drop_dead_rows(self) -> int:
         self.flush()
         dropped = len(self.c.execute(Q["drop_dead_rows"]).fetchall())

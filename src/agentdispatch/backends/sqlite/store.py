@@ -248,6 +248,9 @@ class SqliteTx:
     def drop_dead_rows(self) -> int:
         return self._read(Q["drop_dead_rows"]).rowcount
 
+    def unserve(self, item: WorkItem) -> None:
+        self._write(Q["unserve"], (item.id,))
+
 
 class SqliteStore:
     """The WorkItem authority in one SQLite file (WAL, BEGIN IMMEDIATE)."""

@@ -213,6 +213,11 @@ WHERE status IN ('leased', 'running') AND lease_expires_at <= %(now)s
 ORDER BY lease_expires_at LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 
+-- name: unserve
+-- The fairness group (the session) of a turn whose lease expired: the claim
+-- that served it counts for nothing.
+UPDATE dispatch_fair_groups SET last_served = 0 WHERE priority = %(priority)s AND group_ref = %(group_ref)s
+
 -- name: held_suspects
 SELECT lease_owner, attempts, max_attempts FROM work_items
 WHERE status IN ('leased', 'running') AND reason = 'lease_expired' AND attempts >= 3

@@ -117,6 +117,11 @@ SELECT * FROM work_items INDEXED BY work_items_held
 WHERE status IN ('leased', 'running') AND lease_expires_at <= ?
 ORDER BY lease_expires_at LIMIT ?
 
+-- name: unserve
+-- The head row of a turn whose lease expired: its claim's served stamp goes
+-- (a row behind its session's head keeps +Inf).
+UPDATE agent_dispatch_queue SET group_served = 0 WHERE job_id = ? AND group_served < 9e999
+
 -- name: held_suspects
 SELECT lease_owner, attempts, max_attempts FROM work_items INDEXED BY work_items_held
 WHERE status IN ('leased', 'running') AND reason = 'lease_expired' AND attempts >= 3

@@ -1,0 +1,45 @@
+"""A turn whose worker died (its lease expired) is claimed again at its place
+in the fair order, not behind every session not yet served: its session's
+served stamp came from a claim that served nothing (reliability scenarios 4
+and 5: an orphan is re-leased within TTL plus a sweep, even under a backlog)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agentdispatch.dispatch import Submission
+from agentdispatch.envelope import Envelope
+from agentdispatch.stores.base import ClaimKind
+from backends import Harness, postgres_harness, sqlite_harness
+from contract.helpers import wait_until
+
+
+@pytest.fixture(params=[sqlite_harness, postgres_harness], ids=["sqlite", "postgres"])
+def h(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
+    make: Callable[..., Harness] = request.param
+    harness = make(tmp_path)
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+def test_an_orphan_is_claimed_before_the_sessions_never_served(h: Harness) -> None:
+    d = h.dispatcher()
+    first = d.submit(Submission(kind="echo", tenant="t", session_id="orphan"))
+    delivery = h.transport.get("w:1", visibility_s=0.3, wait_s=0.0)
+    assert delivery is not None and Envelope.from_json(delivery.raw).job_id == first.job_id
+    claim = h.store.claim(first.job_id, "t", owner="w:1", ttl_s=0.3)
+    assert claim.kind is ClaimKind.CLAIMED
+    # A backlog arrives while the worker holding the first turn dies.
+    backlog = {d.submit(Submission(kind="echo", tenant="t", session_id=f"s{i}")).job_id for i in range(20)}
+    wait_until(lambda: h.store.sweep(redeliver_after_s=h.transport.redeliver_after_s).reclaimed >= 1)
+    order = []
+    while (got := h.transport.get("w:2", visibility_s=30.0, wait_s=0.0)) is not None:
+        order.append(Envelope.from_json(got.raw).job_id)
+        assert h.transport.ack(got)
+    assert order[0] == first.job_id, order
+    assert set(order[1:]) >= backlog
