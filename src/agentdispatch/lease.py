@@ -392,11 +392,10 @@ class LeaseGuard:
         self.check()
         try:
             with self._mutex:
-                try:
-                    return self.store.effect_begin(self.lease, key, self.ttl_s, retry_unknown=retry_unknown)
-                except LeaseLost as exc:
-                    self.revoke(str(exc))
-                    raise
+                return self.store.effect_begin(self.lease, key, self.ttl_s, retry_unknown=retry_unknown)
+        except LeaseLost as exc:
+            self.revoke(str(exc))
+            raise
         except TaskQueueUnavailable:
             # Its COMMIT may have landed (a database restart cut the answer):
             # fn never ran, so its mark must not read as unknown later.

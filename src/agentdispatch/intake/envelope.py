@@ -87,6 +87,16 @@ class Rejection:
     conversation: str = ""
 
 
+def json_object(body: bytes) -> dict[str, Any] | None:
+    """The JSON object of an authenticated body, or None when malformed (not
+    JSON, not an object, or nested too deeply to read)."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def number(text: str | None, default: int) -> int:
     """A small count from a header, query or form field (retry number, step,
     media count); anything else is ``default``, never an error."""

@@ -3,13 +3,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from slack_sdk.signature import Clock, SignatureVerifier
 
-from .envelope import IntakeEnvelope, Rejection
+from .envelope import IntakeEnvelope, Rejection, json_object
 
 SUPPORTED = frozenset({"message", "app_mention"})
 #: Message subtypes that carry a user's words (others: joins, topic changes...).
@@ -39,13 +38,8 @@ def verify(secret: str, headers: Mapping[str, str], body: bytes, now: float) -> 
         return False
 
 
-def parse(body: bytes) -> dict[str, Any] | None:
-    """The JSON object of an authenticated body, or None when malformed."""
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError):  # RecursionError: nested too deeply to read
-        return None
-    return doc if isinstance(doc, dict) else None
+#: The JSON object of an authenticated body, or None when malformed.
+parse = json_object
 
 
 def team_of(doc: Mapping[str, Any]) -> str:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import hmac
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from .envelope import IntakeEnvelope, Rejection
+from .envelope import IntakeEnvelope, Rejection, json_object
 
 HEADER = "x-telegram-bot-api-secret-token"
 
@@ -18,13 +17,8 @@ def verify(secret_token: str, headers: Mapping[str, str]) -> bool:
     return bool(secret_token) and hmac.compare_digest(got.encode(), secret_token.encode())
 
 
-def parse(body: bytes) -> dict[str, Any] | None:
-    """The JSON object of an authenticated body, or None when malformed."""
-    try:
-        doc = json.loads(body)
-    except (ValueError, RecursionError):  # RecursionError: nested too deeply to read
-        return None
-    return doc if isinstance(doc, dict) else None
+#: The JSON object of an authenticated body, or None when malformed.
+parse = json_object
 
 
 def normalise(doc: Mapping[str, Any], bot_id: str, installation: str, username: str) -> IntakeEnvelope | Rejection:

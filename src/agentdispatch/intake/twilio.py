@@ -4,7 +4,6 @@ header), normalisation, and TwiML answers built with twilio's TwiML classes."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from urllib.parse import parse_qsl, urlsplit
 
@@ -12,7 +11,7 @@ from twilio.request_validator import RequestValidator
 from twilio.twiml.voice_response import Gather, VoiceResponse
 
 from .answers import Answer, twiml
-from .envelope import IntakeEnvelope, Rejection, number
+from .envelope import IntakeEnvelope, Rejection, json_object, number
 
 HEADER = "x-twilio-signature"
 
@@ -60,11 +59,8 @@ def verify(auth_token: str, url: str, headers: Mapping[str, str], body: bytes) -
 def params_of(body: bytes, url: str) -> dict[str, str] | None:
     """The authenticated parameters (form or JSON body), or None when malformed."""
     if "bodySHA256=" in urlsplit(url).query:
-        try:
-            doc = json.loads(body)
-        except (ValueError, RecursionError):  # RecursionError: nested too deeply to read
-            return None
-        return {str(k): str(v) for k, v in doc.items()} if isinstance(doc, dict) else None
+        doc = json_object(body)
+        return None if doc is None else {str(k): str(v) for k, v in doc.items()}
     pairs = form(body)
     return None if pairs is None else dict(pairs)
 
