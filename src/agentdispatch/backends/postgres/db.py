@@ -106,9 +106,15 @@ _RETRY_NOW = (
 )
 #: A pooler in transaction mode lost (or mixed up) a server-side prepared statement.
 _PREPARED_LOST = (pg_errors.InvalidSqlStatementName, pg_errors.DuplicatePreparedStatement)
+#: A transaction whose client stops answering in the middle of it (a paused
+#: worker: SIGSTOP, a frozen VM) loses its session after this long, so the
+#: queue rows and items it locked do not hold every other worker up while the
+#: kernel keeps its connection alive. Ours never wait this long between
+#: statements; set per transaction, so it works through PgBouncer too.
+IDLE_IN_TX = "SET LOCAL idle_in_transaction_session_timeout = 5000"
 #: Claims and renewals may commit asynchronously: a lost one is redone.
-BEGIN_ASYNC = "BEGIN; SET LOCAL synchronous_commit = off"
-BEGIN_DURABLE = "BEGIN; SET LOCAL synchronous_commit = on"
+BEGIN_ASYNC = f"BEGIN; SET LOCAL synchronous_commit = off; {IDLE_IN_TX}"
+BEGIN_DURABLE = f"BEGIN; SET LOCAL synchronous_commit = on; {IDLE_IN_TX}"
 SYNC_COMMIT = "SET LOCAL synchronous_commit = on"
 NOW_SQL = "SELECT extract(epoch FROM clock_timestamp())::float8 AS now"
 FLUSH_WAL = "BEGIN; SET LOCAL synchronous_commit = on; SELECT pg_current_xact_id(); COMMIT"
