@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
 import secrets
 import socket
+from pathlib import Path
 from typing import Any
 
 from .stores.base import Fleet, WorkerRow
@@ -20,6 +23,59 @@ def new_worker_id() -> str:
 def host_label() -> str:
     """An opaque, stable label for this host: a hash, never the name."""
     return "host-" + hashlib.sha256(socket.gethostname().encode()).hexdigest()[:10]
+
+
+@functools.cache
+def _namespace() -> str | None:
+    """An opaque name for the set of processes this one can see by pid: the
+    host, its boot and the pid namespace (``None`` without ``/proc``)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        pids = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+    return hashlib.sha256(f"{socket.gethostname()}|{boot}|{pids}".encode()).hexdigest()[:12]
+
+
+def _stat(pid: int) -> tuple[str, str] | None:
+    """(state, start time) of a process from ``/proc``; ``None`` when there is none."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name may hold spaces and parentheses: the fields follow the last ')'.
+    fields = text[text.rindex(")") + 2 :].split()
+    return fields[0], fields[19]
+
+
+def process_label(pid: int | None = None) -> str:
+    """This process (or ``pid``) as a peer on the same host can check it:
+    ``namespace/pid/start time`` (a reused pid has another start time); empty
+    where there is no ``/proc`` to check it by."""
+    pid = os.getpid() if pid is None else pid
+    namespace = _namespace()
+    try:
+        stat = _stat(pid)
+    except (OSError, ValueError, IndexError):
+        return ""
+    if namespace is None or stat is None:
+        return ""
+    return f"{namespace}/{pid}/{stat[1]}"
+
+
+def process_gone(label: str) -> bool:
+    """Whether the process ``label`` names has certainly ended: it runs where
+    this process can see it by pid, and that pid is free, reused, or a zombie.
+    False when that cannot be told (another host, no label)."""
+    namespace, _, rest = label.partition("/")
+    pid, _, started = rest.partition("/")
+    if not started or not pid.isdigit() or namespace != _namespace():
+        return False
+    try:
+        stat = _stat(int(pid))
+    except (OSError, ValueError, IndexError):
+        return False
+    return stat is None or stat[1] != started or stat[0] in ("Z", "X")
 
 
 def topology(

@@ -1,5 +1,6 @@
 """Re-delivers stranded ready items and reclaims expired leases (one pass per
-``sweep_every(TTL)``, so recovery stays within one lease TTL)."""
+``sweep_every(TTL)``, so recovery stays within one lease TTL), and ends at once
+the leases of workers on this host whose process is gone (every second)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from typing import Protocol
 from .dispatch import Dispatcher
 from .errors import AgentDispatchError
 from .faults import recoverable
+from .fleet import process_gone
 from .policy import sweep_every
 from .schedules import FIRE_EVERY_S, Schedules
 from .settings import Settings, load_settings
-from .stores.base import Outbox, Repair, Store, SweepReport
+from .stores.base import Fleet, Outbox, Repair, Store, SweepReport
 from .transports.base import Sender, Transport
 
 log = logging.getLogger("agentdispatch.reconciler")
@@ -22,6 +24,38 @@ log = logging.getLogger("agentdispatch.reconciler")
 
 class Repairable(Repair, Outbox, Protocol):
     """What one reconciler pass uses: the sweep, and the outbox it publishes."""
+
+
+class Reapable(Repair, Outbox, Fleet, Protocol):
+    """What a reaping pass uses: the workers' rows as well."""
+
+
+#: Workers whose rows a reaping pass reads, by the age of their last heartbeat:
+#: every row, so that the rows of killed workers do not pile up.
+REAP_ROWS_S = 1e9
+
+
+def reap_dead_workers(store: Reapable, transport: Sender) -> SweepReport:
+    """End the leases of the workers whose process, on this host, is gone (a
+    SIGKILL, a crash, an out-of-memory kill), so their turns run again now
+    rather than after the lease TTL; then publish what went back to ready.
+    Workers on other hosts, or paused ones, are left to their TTL."""
+    report = SweepReport()
+    for row in store.workers(max_age_s=REAP_ROWS_S):
+        if row.process and process_gone(row.process):
+            got = store.reap(row.worker_id)
+            if got.total:
+                log.warning(
+                    "worker %s is gone: %d turn(s) back to ready, %d dead-lettered",
+                    row.worker_id,
+                    got.reclaimed,
+                    got.dead_lettered,
+                )
+            report.reclaimed += got.reclaimed
+            report.dead_lettered += got.dead_lettered
+    if report.total:
+        transport.relay(store)
+    return report
 
 
 def reconcile_once(store: Repairable, transport: Sender) -> SweepReport:
@@ -59,8 +93,10 @@ class Reconciler:
 
     def _run(self) -> None:
         next_sweep = time.monotonic() + self.every
+        self._reap()
         while not self._stop.wait(max(0.0, min(FIRE_EVERY_S, next_sweep - time.monotonic()))):
             self._fire()
+            self._reap()
             if time.monotonic() < next_sweep:
                 continue
             next_sweep = time.monotonic() + self.every
@@ -74,6 +110,15 @@ class Reconciler:
                     log.warning("reconciler pass failed: %s", exc)
                 else:
                     log.exception("reconciler pass failed")
+
+    def _reap(self) -> None:
+        try:
+            reap_dead_workers(self.store, self.transport)
+        except Exception as exc:  # as a failed pass: the next one tries again
+            if recoverable(exc):
+                log.warning("reaping dead workers failed: %s", exc)
+            else:
+                log.exception("reaping dead workers failed")
 
     def _fire(self) -> None:
         try:

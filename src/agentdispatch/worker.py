@@ -13,7 +13,7 @@ from typing import Any
 from .errors import AgentDispatchError
 from .factory import open_flow
 from .faults import Backoff, recoverable, unavailable
-from .fleet import host_label, new_worker_id
+from .fleet import host_label, new_worker_id, process_label
 from .handlers import Registry, outcome_of
 from .lanes import Lane, Step
 from .lease import LeaseGuard, Renewer
@@ -169,6 +169,7 @@ class Worker:
                     active_sessions=sessions,
                     queue_backend=self.transport.name,
                     started_at=self._started_at,
+                    process=process_label(),
                 )
             )
         except Exception as exc:  # the heartbeat thread must outlive a store error

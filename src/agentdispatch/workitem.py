@@ -381,6 +381,13 @@ def expire_lease(item: WorkItem, now: float) -> WorkItem:
     return evolve(item, status=Status.READY, reason="lease_expired", lease_expires_at=None, updated_at=now)
 
 
+def holder_gone(item: WorkItem, now: float) -> WorkItem:
+    """The process that holds the lease is gone: the lease ends now, as an
+    expired one does (the attempt it cost stays counted)."""
+    _require(item, *HELD)
+    return expire_lease(evolve(item, lease_expires_at=now), now)
+
+
 def cancel(item: WorkItem, now: float, reason: str = "cancelled") -> WorkItem:
     """Any non-terminal state -> cancelled; a holder is fenced out."""
     _require(item, *ACTIVE)

@@ -34,6 +34,7 @@ EXPECTED: dict[str, list[str]] = {
     "poison_envelopes": ["digest", "raw", "reason", "created_at"],
     "dispatch_workers": [
         "worker_id", "host", "capacity", "active_sessions", "queue_backend", "started_at", "last_heartbeat",
+        "process",
     ],
     "agent_dispatch_queue": [
         "id", "job_id", "item_seq", "session_ref", "tenant_ref", "group_ref", "priority", "deadline_unix",

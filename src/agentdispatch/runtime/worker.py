@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from ..factory import open_flow
 from ..faults import Backoff, recoverable
-from ..fleet import host_label, new_worker_id
+from ..fleet import host_label, new_worker_id, process_label
 from ..handlers import Registry
 from ..lease import LeaseGuard
 from ..metrics import Metrics
@@ -474,6 +474,7 @@ class AsyncWorker:
                     active_sessions=tuple(sessions),
                     queue_backend=self.transport.name,
                     started_at=self._started_at,
+                    process=process_label(),
                 )
             )
         except Exception as exc:

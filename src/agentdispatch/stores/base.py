@@ -196,6 +196,8 @@ class WorkerRow:
     queue_backend: str
     started_at: float
     last_heartbeat: float = 0.0
+    #: The OS process (:func:`agentdispatch.fleet.process_label`); empty: unknown.
+    process: str = ""
 
 
 @dataclass(frozen=True)
@@ -376,6 +378,12 @@ class Repair(Protocol):
         """Reconcile: reclaim expired leases, cancel expired deadlines, and
         re-enqueue ready items without an envelope (or, for external
         transports, not re-published for ``redeliver_after_s``)."""
+
+    def reap(self, worker_id: str) -> SweepReport:
+        """End at once the leases held by worker ``worker_id``, whose process
+        is known to be gone (a peer on its host saw its pid end): each turn goes
+        back to ready, or to the dead-letter queue when out of attempts, as
+        after an expired lease. The worker's row goes with its last lease."""
 
     def record_poison(self, raw: str, reason: str) -> bool:
         """Durably dead-letter an undeliverable envelope once; True when new."""

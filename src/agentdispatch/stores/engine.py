@@ -90,6 +90,16 @@ class Tx(Protocol):
         expired: its turn goes back to its place in the fair order, not behind
         every session not yet served."""
 
+    def held_by(self, owner_prefix: str, limit: int) -> list[WorkItem]:
+        """Held items whose lease owner starts with ``owner_prefix`` (locked)."""
+
+    def forget_worker(self, worker_id: str) -> None:
+        """Delete a worker's heartbeat row."""
+
+    def release_claims(self, owner_prefix: str, now: float) -> None:
+        """Make the queue rows claimed by owners starting with ``owner_prefix``
+        visible again now (none where the queue is another transport's)."""
+
     def held_suspects(self, owner_prefix: str) -> list[tuple[str, int, int]]:
         """(owner, attempt, max_attempts) of the held items whose owner starts
         with ``owner_prefix``, whose last lease ran out, on a third attempt or later."""
@@ -531,19 +541,43 @@ def with_timeouts(jobs: Sequence[NewJob], accepted: list[Accepted]) -> tuple[lis
     return out, pairs
 
 
+def _reclaim(tx: Tx, done: WorkItem, now: float, report: SweepReport) -> None:
+    """After a lease ended unfinished: the turn goes back to its place in the
+    queue, or (out of attempts) its dependants learn that it failed."""
+    if done.status is Status.READY:
+        report.reclaimed += 1
+        tx.unserve(done)
+        _make_ready(tx, done, now)
+    else:
+        report.dead_lettered += 1
+        _cascade(tx, done, now)
+
+
+def reap(tx: Tx, worker_id: str, limit: int = 500) -> SweepReport:
+    """End the leases of a worker whose process is gone (see :meth:`Store.reap`)."""
+    now = tx.now()
+    report = SweepReport()
+    # Its deliveries first: the turns keep their rows, and so their place.
+    tx.release_claims(f"{worker_id}:", now)
+    held = tx.held_by(f"{worker_id}:", limit)
+    for item in held:
+        done = _save(tx, wi.holder_gone(item, now), "lease_expired", "its worker process is gone")
+        if done.status is Status.READY and tx.has_envelope(done.id):
+            report.reclaimed += 1
+            tx.unserve(done)
+        else:
+            _reclaim(tx, done, now, report)
+    if len(held) < limit:
+        tx.forget_worker(worker_id)
+    return report
+
+
 def sweep(tx: Tx, redeliver_after_s: float, limit: int = 500) -> SweepReport:
     """One reconciler pass (see :meth:`Store.sweep`)."""
     now = tx.now()
     report = SweepReport()
     for item in tx.expired_leases(now, limit):
-        done = _save(tx, wi.expire_lease(item, now), "lease_expired")
-        if done.status is Status.READY:
-            report.reclaimed += 1
-            tx.unserve(done)
-            _make_ready(tx, done, now)
-        else:
-            report.dead_lettered += 1
-            _cascade(tx, done, now)
+        _reclaim(tx, _save(tx, wi.expire_lease(item, now), "lease_expired"), now, report)
     for item in tx.expired_deadlines(now, limit):
         _cancel_cascade(tx, item, now, "expired")
         report.expired += 1

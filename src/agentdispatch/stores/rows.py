@@ -146,6 +146,7 @@ def worker_from_row(row: Mapping[str, Any]) -> WorkerRow:
         queue_backend=row["queue_backend"],
         started_at=float(row["started_at"]),
         last_heartbeat=float(row["last_heartbeat"]),
+        process=row["process"],
     )
 
 

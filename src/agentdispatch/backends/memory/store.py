@@ -302,6 +302,10 @@ class MemoryStore:
         out: SweepReport = self._run(engine.sweep, redeliver_after_s)
         return out
 
+    def reap(self, worker_id: str) -> SweepReport:
+        out: SweepReport = self._run(engine.reap, worker_id)
+        return out
+
     def heartbeat(self, row: WorkerRow) -> None:
         with self.db.tx() as t:
             old = t.workers.get(row.worker_id)
@@ -314,6 +318,7 @@ class MemoryStore:
                 base.queue_backend,
                 base.started_at,
                 self.db.now(),
+                base.process,
             )
 
     def workers(self, *, max_age_s: float = 90.0) -> list[WorkerRow]:

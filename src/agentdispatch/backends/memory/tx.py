@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ... import workitem as wi
 from ...envelope import Envelope
@@ -117,6 +118,21 @@ class MemoryTx:
 
     def unserve(self, item: WorkItem) -> None:
         pass  # its claim order has no session stamps
+
+    def held_by(self, owner_prefix: str, limit: int) -> list[WorkItem]:
+        return [
+            i
+            for i in self.t.items.values()
+            if i.status in wi.HELD and i.lease_owner is not None and i.lease_owner.startswith(owner_prefix)
+        ][:limit]
+
+    def release_claims(self, owner_prefix: str, now: float) -> None:
+        for key, row in list(self.t.queue.items()):
+            if row.claimed_by is not None and row.claimed_by.startswith(owner_prefix):
+                self.t.queue[key] = replace(row, visible_at=now, claimed_by=None, claimed_at=None)
+
+    def forget_worker(self, worker_id: str) -> None:
+        self.t.workers.pop(worker_id, None)
 
     def held_suspects(self, owner_prefix: str) -> list[tuple[str, int, int]]:
         return [

@@ -476,6 +476,9 @@ class PostgresStore:
     def sweep(self, *, redeliver_after_s: float) -> SweepReport:
         return self._run(lambda tx: engine.sweep(tx, redeliver_after_s), durable=True, idempotent=True)
 
+    def reap(self, worker_id: str) -> SweepReport:
+        return self._run(lambda tx: engine.reap(tx, worker_id), durable=True, idempotent=True)
+
     def heartbeat(self, row: WorkerRow) -> None:
         params = (
             row.worker_id,
@@ -484,6 +487,7 @@ class PostgresStore:
             json.dumps(list(row.active_sessions)),
             row.queue_backend,
             row.started_at,
+            row.process,
         )
         self.db.run(lambda c: c.execute(Q["heartbeat"], params), idempotent=True)
 

@@ -423,6 +423,15 @@ class PostgresTx:
     def expired_leases(self, now: float, limit: int) -> list[WorkItem]:
         return [item_from_row(r) for r in self._all(Q["expired_leases"], {"now": now, "limit": limit})]
 
+    def held_by(self, owner_prefix: str, limit: int) -> list[WorkItem]:
+        return [item_from_row(r) for r in self._all(Q["held_by"], {"prefix": owner_prefix, "limit": limit})]
+
+    def release_claims(self, owner_prefix: str, now: float) -> None:
+        self.c.execute(Q["release_claims"], {"prefix": owner_prefix, "now": now})
+
+    def forget_worker(self, worker_id: str) -> None:
+        self.c.execute(Q["remove_worker"], {"id": worker_id})
+
     def held_suspects(self, owner_prefix: str) -> list[tuple[str, int, int]]:
         rows = self._all(Q["held_suspects"], {"prefix": owner_prefix})
         return [(r["lease_owner"], int(r["attempts"]), int(r["max_attempts"])) for r in rows]

@@ -231,6 +231,15 @@ class SqliteTx:
     def expired_leases(self, now: float, limit: int) -> list[WorkItem]:
         return [item_from_row(r) for r in self._read(Q["expired_leases"], (now, limit))]
 
+    def held_by(self, owner_prefix: str, limit: int) -> list[WorkItem]:
+        return [item_from_row(r) for r in self._read(Q["held_by"], {"prefix": owner_prefix, "limit": limit})]
+
+    def release_claims(self, owner_prefix: str, now: float) -> None:
+        self._write(Q["release_claims"], {"prefix": owner_prefix, "now": now})
+
+    def forget_worker(self, worker_id: str) -> None:
+        self._write(Q["remove_worker"], (worker_id,))
+
     def held_suspects(self, owner_prefix: str) -> list[tuple[str, int, int]]:
         rows = self._read(Q["held_suspects"], {"prefix": owner_prefix})
         return [(r["lease_owner"], int(r["attempts"]), int(r["max_attempts"])) for r in rows]
@@ -553,6 +562,10 @@ class SqliteStore:
         with self._tx(durable=True) as tx:
             return engine.sweep(tx, redeliver_after_s)
 
+    def reap(self, worker_id: str) -> SweepReport:
+        with self._tx(durable=True) as tx:
+            return engine.reap(tx, worker_id)
+
     def heartbeat(self, row: WorkerRow) -> None:
         with self._tx() as tx:
             tx.c.execute(
@@ -565,6 +578,7 @@ class SqliteStore:
                     row.queue_backend,
                     row.started_at,
                     tx.now(),
+                    row.process,
                 ),
             )
 

@@ -218,6 +218,18 @@ FOR UPDATE SKIP LOCKED
 -- that served it counts for nothing.
 UPDATE dispatch_fair_groups SET last_served = 0 WHERE priority = %(priority)s AND group_ref = %(group_ref)s
 
+-- name: held_by
+-- Not SKIP LOCKED: an item missed here would wait out its TTL, as the row of
+-- its worker goes once nothing it held is left.
+SELECT * FROM work_items
+WHERE status IN ('leased', 'running') AND left(lease_owner, length(%(prefix)s)) = %(prefix)s
+LIMIT %(limit)s
+FOR UPDATE
+
+-- name: release_claims
+UPDATE agent_dispatch_queue SET visible_at = %(now)s, claimed_by = NULL, claimed_at = NULL
+WHERE left(claimed_by, length(%(prefix)s)) = %(prefix)s
+
 -- name: held_suspects
 SELECT lease_owner, attempts, max_attempts FROM work_items
 WHERE status IN ('leased', 'running') AND reason = 'lease_expired' AND attempts >= 3
@@ -304,8 +316,8 @@ SELECT digest, raw, reason, created_at FROM poison_envelopes ORDER BY created_at
 
 -- name: heartbeat
 INSERT INTO dispatch_workers (
-    worker_id, host, capacity, active_sessions, queue_backend, started_at, last_heartbeat
-) VALUES (%s, %s, %s, %s, %s, %s, extract(epoch FROM clock_timestamp())::float8)
+    worker_id, host, capacity, active_sessions, queue_backend, started_at, last_heartbeat, process
+) VALUES (%s, %s, %s, %s, %s, %s, extract(epoch FROM clock_timestamp())::float8, %s)
 ON CONFLICT (worker_id) DO UPDATE SET
     capacity = excluded.capacity, active_sessions = excluded.active_sessions,
     last_heartbeat = excluded.last_heartbeat

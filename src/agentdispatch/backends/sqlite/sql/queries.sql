@@ -122,6 +122,15 @@ ORDER BY lease_expires_at LIMIT ?
 -- (a row behind its session's head keeps +Inf).
 UPDATE agent_dispatch_queue SET group_served = 0 WHERE job_id = ? AND group_served < 9e999
 
+-- name: held_by
+SELECT * FROM work_items INDEXED BY work_items_held
+WHERE status IN ('leased', 'running') AND substr(lease_owner, 1, length(:prefix)) = :prefix
+LIMIT :limit
+
+-- name: release_claims
+UPDATE agent_dispatch_queue SET visible_at = :now, claimed_by = NULL, claimed_at = NULL
+WHERE substr(claimed_by, 1, length(:prefix)) = :prefix
+
 -- name: held_suspects
 SELECT lease_owner, attempts, max_attempts FROM work_items INDEXED BY work_items_held
 WHERE status IN ('leased', 'running') AND reason = 'lease_expired' AND attempts >= 3
@@ -195,8 +204,8 @@ SELECT digest, raw, reason, created_at FROM poison_envelopes ORDER BY created_at
 
 -- name: heartbeat
 INSERT INTO dispatch_workers (
-    worker_id, host, capacity, active_sessions, queue_backend, started_at, last_heartbeat
-) VALUES (?, ?, ?, ?, ?, ?, ?)
+    worker_id, host, capacity, active_sessions, queue_backend, started_at, last_heartbeat, process
+) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (worker_id) DO UPDATE SET
     capacity = excluded.capacity, active_sessions = excluded.active_sessions,
     last_heartbeat = excluded.last_heartbeat

@@ -1,0 +1,65 @@
+"""Contract: the leases of a worker whose process is gone end at once, on
+every backend: its turns go back to ready with the attempt counted (or to the
+dead-letter queue on their last one) and its row goes; a live worker's leases
+and row stay."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from agentdispatch import Status, Submission
+from agentdispatch.fleet import process_label
+from agentdispatch.reconciler import reap_dead_workers
+from agentdispatch.stores.base import ClaimKind, WorkerRow
+
+from .helpers import wait_until
+
+
+def _row(worker_id: str, process: str) -> WorkerRow:
+    return WorkerRow(worker_id, "host-x", 4, (), "test", 0.0, process=process)
+
+
+def _dead_label() -> str:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    label = process_label(child.pid)
+    child.wait()
+    return label
+
+
+def test_a_dead_workers_leases_end_and_a_live_ones_stay(harness):
+    d = harness.dispatcher()
+    jobs = [d.submit(Submission(kind="echo", tenant="t", session_id=f"s{i}")).job_id for i in range(3)]
+    harness.store.heartbeat(_row("w-dead", _dead_label()))
+    harness.store.heartbeat(_row("w-live", process_label()))
+    harness.store.heartbeat(_row("w-elsewhere", "another-host/1/1"))
+    owners = ["w-dead:0", "w-dead:1", "w-live:0"]
+    for job, owner in zip(jobs, owners, strict=True):
+        wait_until(lambda j=job, o=owner: harness.store.claim(j, "t", owner=o, ttl_s=300).kind is ClaimKind.CLAIMED)
+
+    report = reap_dead_workers(harness.store, harness.transport)
+
+    assert (report.reclaimed, report.dead_lettered) == (2, 0)
+    for job in jobs[:2]:
+        item = harness.store.get(job, "t")
+        assert (item.status, item.reason, item.attempt) == (Status.READY, "lease_expired", 1)
+    assert harness.store.get(jobs[2], "t").status is Status.RUNNING
+    assert {w.worker_id for w in harness.store.workers()} == {"w-live", "w-elsewhere"}
+    # The turns run again at once, not after their 300 s lease.
+    for job in jobs[:2]:
+        wait_until(lambda j=job: harness.store.claim(j, "t", owner="w-next:0", ttl_s=30).kind is ClaimKind.CLAIMED)
+        assert harness.store.get(job, "t").attempt == 2
+    assert reap_dead_workers(harness.store, harness.transport).total == 0
+
+
+def test_a_turn_on_its_last_attempt_goes_to_the_dead_letter_queue(make_harness):
+    h = make_harness(max_attempts=1)
+    job = h.dispatcher().submit(Submission(kind="echo", tenant="t")).job_id
+    h.store.heartbeat(_row("w-dead", _dead_label()))
+    wait_until(lambda: h.store.claim(job, "t", owner="w-dead:0", ttl_s=300).kind is ClaimKind.CLAIMED)
+
+    report = reap_dead_workers(h.store, h.transport)
+
+    assert (report.reclaimed, report.dead_lettered) == (0, 1)
+    item = h.store.get(job, "t")
+    assert (item.status, item.reason) == (Status.DEAD_LETTER, "lease_exhausted")

@@ -1,0 +1,74 @@
+"""A worker SIGKILLed with turns in flight: the worker started in its place on
+the same host sees that the process is gone and runs those turns again at once,
+not after the lease TTL (far beyond the test's patience here). A paused worker
+keeps its leases."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from agentdispatch import Status, Submission
+from backends import Harness, postgres_harness, sqlite_harness
+from contract.helpers import wait_until
+
+APPS = Path(__file__).parent.parent / "apps"
+TTL = {"AGENT_DISPATCH_CLAIM_TTL_S": "280", "AGENT_DISPATCH_RENEW_INTERVAL_S": "5"}
+
+
+def _worker(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    full = {**os.environ, **env, "PYTHONPATH": f"{APPS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    cmd = [sys.executable, "-m", "agentdispatch", "worker", "--concurrency", "50", "--app", "runtime_app:registry"]
+    return subprocess.Popen(cmd, env=full, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _lines(sink: Path, word: str) -> list[str]:
+    return [ln.split()[1] for f in sink.glob("*.log") for ln in f.read_text().splitlines() if ln.startswith(word)]
+
+
+def _stop(p: subprocess.Popen[bytes]) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGCONT)
+        p.terminate()
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.parametrize("build", [sqlite_harness, postgres_harness], ids=["sqlite", "postgres"])
+def test_a_killed_workers_turns_run_again_at_once(tmp_path: Path, build: Callable[..., Harness]) -> None:
+    h = build(tmp_path, claim_ttl_s=280.0, renew_interval_s=5.0)
+    sink = tmp_path / "sink"
+    sink.mkdir()
+    env = {**h.env, **TTL, "RUNTIME_SINK_DIR": str(sink)}
+    workers: list[subprocess.Popen[bytes]] = []
+    try:
+        d = h.dispatcher()
+        jobs = [d.submit(Submission(kind="think", tenant="t", session_id=f"s{i}")).job_id for i in range(20)]
+        workers.append(first := _worker(env))
+        wait_until(lambda: sorted(_lines(sink, "start")) == sorted(jobs), timeout=60)
+        paused = _worker(env)  # a second worker, paused: alive, so its leases stay
+        workers.append(paused)
+        wait_until(lambda: len(h.store.workers()) == 2, timeout=60)
+        paused.send_signal(signal.SIGSTOP)
+        first.kill()
+        first.wait()
+
+        workers.append(_worker({**env, "RUNTIME_APP_FAST": "1"}))
+        wait_until(lambda: all(h.store.get(j, "t").status is Status.SUCCEEDED for j in jobs), timeout=120)
+        assert sorted(_lines(sink, "effect")) == sorted(jobs)  # each effect once
+        assert {h.store.get(j, "t").attempt for j in jobs} == {2}
+        alive = {w.worker_id for w in h.store.workers()}
+        assert len(alive) == 2  # the killed worker's row went; the paused one's stayed
+    finally:
+        for w in workers:
+            _stop(w)
+        h.close()
