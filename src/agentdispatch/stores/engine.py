@@ -301,6 +301,9 @@ def claim(tx: Tx, job_id: str, tenant: str, owner: str, ttl_s: float) -> Claim:
         return Claim(ClaimKind.BUSY, item, retry_after_s=wait)
     cap = wi.suspect_cap(item.attempt, item.max_attempts, item.reason)
     if cap is not None and not wi.may_join(cap, _held_caps(tx, owner)):
+        # Deferred, not served: it keeps its place in the fair order instead of
+        # going behind every session not yet served (the end of the backlog).
+        tx.unserve(item)
         return Claim(ClaimKind.BUSY, item, retry_after_s=SUSPECT_WAIT_S)
     token = secrets.token_hex(16)
     item = wi.claim(item, owner=owner, token=token, now=now, ttl_s=ttl_s)
