@@ -16,7 +16,7 @@ from ...transports.flow import Flow, Shared
 from ...workitem import Lease, Outcome, WorkItem
 from .db import Conn
 from .store import PostgresStore
-from .transport import PostgresTransport, ack_on, release_on
+from .transport import PostgresTransport, ack_deferred, release_on
 
 #: The fair claim marks tenant and group rows: one claim at most rides in a
 #: commit's transaction, which holds those marks until it ends.
@@ -48,7 +48,7 @@ class PostgresSides:
         self.store.poison_on(c, raw, reason)
 
     def ack(self, c: Conn, deliveries: Sequence[Delivery]) -> None:
-        ack_on(c, deliveries)
+        ack_deferred(c, deliveries)
 
     def release(self, c: Conn, delivery: Delivery, delay_s: float) -> None:
         release_on(c, delivery, delay_s)
