@@ -450,6 +450,11 @@ class Outbox(Protocol):
     def outbox_take(self, limit: int) -> list[OutboxRow]:
         """Envelope rows not yet handed to an external transport."""
 
+    def outbox_lease(self, owner: str, limit: int, hold_s: float) -> list[OutboxRow]:
+        """Like :meth:`outbox_take`, but only rows no other relay took within
+        ``hold_s`` (``owner``'s own included), marked as ``owner``'s: relays of
+        several processes then publish a row once, not once each."""
+
     def outbox_done(self, row_ids: Sequence[int]) -> None:
         """Mark rows as delivered to the external transport (delete them)."""
 

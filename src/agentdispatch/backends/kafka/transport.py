@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,9 @@ log = logging.getLogger("agentdispatch.kafka")
 
 #: Outbox rows taken per relay step.
 RELAY_BATCH = 500
+
+#: How long other processes' relays leave the outbox rows a relay took to it.
+RELAY_HOLD_S = 1.0
 
 #: Slack between the store's clock, which stamps an item when it is queued,
 #: and this process's, which times the relay that published it.
@@ -88,6 +92,15 @@ class KafkaTransport:
         # returned after the broker confirmed them): every item queued before
         # then has its message in the log, or in a log the broker lost.
         self._relayed_through: float | None = None
+        # Outbox rows this process's relay takes are held from the others' for
+        # a while: every process relays, and each published every row it saw
+        # until one of them had the broker's confirmation (after a restart,
+        # when confirmations take a second, each message went out once per
+        # process). Briefly: a relay whose client is stuck (a producer of a
+        # log the broker lost, in a process that has not noticed yet) must
+        # not hold the rows for long; the others then publish them too.
+        self._relayer_id = f"kafka-relay-{uuid.uuid4().hex[:16]}"
+        self.relay_hold_s = min(timeout_s, RELAY_HOLD_S)
         self.keepalive_s = keepalive_s
         self.timeout_s = timeout_s
         self.buffer_max = buffer_max
@@ -261,7 +274,9 @@ class KafkaTransport:
     def relay(self, store: Outbox) -> int:
         """Publish the store's outbox; concurrent callers share one round.
         Returns after every row committed before the call is confirmed (or
-        raises; the rows then stay and the next relay retries them)."""
+        raises; the rows then stay and the next relay retries them), except
+        rows another process's relay took less than ``relay_hold_s`` ago:
+        that relay publishes them (and this one too once the hold is over)."""
         with self._lock:
             gate = self._relays.setdefault(id(store), GroupCommit())
             self._outbox = store
@@ -304,16 +319,17 @@ class KafkaTransport:
     def _drain(self, store: Outbox) -> int:
         total = 0
         while True:
-            took = time.monotonic()
-            rows = store.outbox_take(RELAY_BATCH)
+            rows = store.outbox_lease(self._relayer_id, RELAY_BATCH, self.relay_hold_s)
             if rows:
                 self.put_many([r.envelope for r in rows], [r.seq for r in rows])
                 store.outbox_done([r.id for r in rows])  # only after delivery
                 total += len(rows)
             if len(rows) < RELAY_BATCH:
-                # Rows are deleted only once confirmed, so this take saw every
-                # row not yet confirmed, and all of them are now.
-                self._relayed_through = took
+                # Rows another process's relay holds are its to publish; only
+                # an empty outbox says every row queued before is confirmed.
+                at = time.monotonic()
+                if not store.outbox_take(1):
+                    self._relayed_through = at
                 return total
 
     # -- consuming -------------------------------------------------------------------

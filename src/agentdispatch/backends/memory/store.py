@@ -396,6 +396,18 @@ class MemoryStore:
             rows = sorted(t.queue.values(), key=lambda r: r.id)[:limit]
         return [OutboxRow(r.id, Envelope.from_json(r.envelope), r.item_seq) for r in rows]
 
+    def outbox_lease(self, owner: str, limit: int, hold_s: float) -> list[OutboxRow]:
+        with self.db.tx() as t:
+            now = self.db.now()
+            free = [
+                r
+                for r in sorted(t.queue.values(), key=lambda r: r.id)
+                if r.claimed_by in (None, owner) or (r.claimed_at is not None and r.claimed_at <= now - hold_s)
+            ][:limit]
+            for r in free:
+                t.queue[r.id] = replace(r, claimed_by=owner, claimed_at=now)
+        return [OutboxRow(r.id, Envelope.from_json(r.envelope), r.item_seq) for r in free]
+
     def outbox_done(self, row_ids: Sequence[int]) -> None:
         with self.db.tx() as t:
             for row_id in row_ids:

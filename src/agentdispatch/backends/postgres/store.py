@@ -547,6 +547,12 @@ class PostgresStore:
         rows = self.db.read(lambda c: c.execute(Q["outbox_take"], {"limit": limit}).fetchall())
         return [OutboxRow(int(r["id"]), Envelope.from_json(r["envelope"]), int(r["item_seq"])) for r in rows]
 
+    def outbox_lease(self, owner: str, limit: int, hold_s: float) -> list[OutboxRow]:
+        params = {"owner": owner, "limit": limit, "hold": hold_s}
+        rows = self.db.run(lambda c: c.execute(Q["outbox_lease"], params).fetchall())
+        out = [OutboxRow(int(r["id"]), Envelope.from_json(r["envelope"]), int(r["item_seq"])) for r in rows]
+        return sorted(out, key=lambda r: r.id)
+
     def outbox_done(self, row_ids: Sequence[int]) -> None:
         ids = list(row_ids)
         self.db.run(lambda c: c.execute(Q["outbox_done"], {"ids": ids}), idempotent=True)

@@ -333,6 +333,18 @@ DELETE FROM dispatch_workers WHERE worker_id = %(id)s
 -- name: outbox_take
 SELECT id, envelope, item_seq FROM agent_dispatch_queue ORDER BY id LIMIT %(limit)s
 
+-- name: outbox_lease
+UPDATE agent_dispatch_queue q
+SET claimed_by = %(owner)s, claimed_at = extract(epoch FROM clock_timestamp())::float8
+WHERE q.id IN (
+    SELECT id FROM agent_dispatch_queue
+    WHERE claimed_by IS NULL OR claimed_by = %(owner)s
+       OR claimed_at <= extract(epoch FROM clock_timestamp())::float8 - %(hold)s
+    ORDER BY id LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING q.id, q.envelope, q.item_seq
+
 -- name: outbox_done
 DELETE FROM agent_dispatch_queue WHERE id = ANY(%(ids)b::bigint[])
 

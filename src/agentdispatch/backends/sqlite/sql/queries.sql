@@ -219,6 +219,15 @@ DELETE FROM dispatch_workers WHERE worker_id = ?
 -- name: outbox_take
 SELECT id, envelope, item_seq FROM agent_dispatch_queue ORDER BY id LIMIT ?
 
+-- name: outbox_lease
+UPDATE agent_dispatch_queue SET claimed_by = :owner, claimed_at = :now
+WHERE id IN (
+    SELECT id FROM agent_dispatch_queue
+    WHERE claimed_by IS NULL OR claimed_by = :owner OR claimed_at <= :now - :hold
+    ORDER BY id LIMIT :limit
+)
+RETURNING id, envelope, item_seq
+
 -- name: outbox_done
 DELETE FROM agent_dispatch_queue WHERE id = ?
 
