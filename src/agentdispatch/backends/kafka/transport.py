@@ -319,6 +319,14 @@ class KafkaTransport:
     def _drain(self, store: Outbox) -> int:
         total = 0
         while True:
+            at = time.monotonic()
+            if not store.outbox_take(1):
+                # Rows are deleted only once confirmed: every row queued
+                # before this read is. (A lease is a write: on SQLite it would
+                # queue every relay of every process, ten a second each, with
+                # the workers' claims, for an empty outbox.)
+                self._relayed_through = at
+                return total
             rows = store.outbox_lease(self._relayer_id, RELAY_BATCH, self.relay_hold_s)
             if rows:
                 self.put_many([r.envelope for r in rows], [r.seq for r in rows])
