@@ -338,3 +338,48 @@ def test_a_consuming_process_publishes_at_once_on_a_broker_that_lost_its_state(e
         if d is not None:
             seen.append(Envelope.from_json(d.raw).job_id)
     assert "job-1" in seen
+
+
+def test_items_published_after_the_last_probe_of_a_lost_log_go_out_again_at_once(env: Env) -> None:
+    """A broker restarted without its log lost every message it had confirmed
+    up to the crash. The group watch learns of the loss from a probe; items
+    the previous probe of the old log covered went out again at once, but
+    those published after it (up to a probe interval before the crash)
+    waited for the redelivery delay, or for the group to consume the whole
+    new log. The outage the consumers saw bounds the loss: they go out at
+    the next reconciler pass too."""
+    settings = env.settings(agent_turns_partitions=2)
+    # Probes 10 s apart (stall_s / 4), and a redelivery delay far longer than
+    # the test: only a detected loss can send an item out again here.
+    store, transport = env.open(settings, redeliver_after_s=600.0, stall_s=40.0, timeout_s=3.0)
+    d = Dispatcher(store, transport, settings)
+    d.submit(Submission(kind="echo", tenant="t", session_id="s-early"))  # the watch follows this relay
+    transport.prepare("w:0")
+    consumer = transport._consumer("w:0")
+    deadline = time.monotonic() + 30
+    while transport._probed_at is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    probed = transport._probed_at
+    assert probed is not None, "the group watch never probed the broker"
+    subs = [Submission(kind="echo", tenant="t", session_id=f"s{i}") for i in range(5)]
+    late = [h.job_id for h in d.submit_many(subs)]
+    env.broker.kill()  # memory storage: the log with the late items is gone
+    assert transport._probed_at == probed, "a probe came between the publish and the crash: nothing to show"
+    while consumer.outage_at is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert consumer.outage_at is not None, "the consumer never saw the broker go"
+    env.broker.start()  # same port, empty log
+
+    def republished(job: str) -> int:
+        return sum(e["event"] == "redelivered" for e in store.history(job, "t")["events"])
+
+    deadline = time.monotonic() + 60
+    while not all(republished(j) for j in late) and time.monotonic() < deadline:
+        with contextlib.suppress(TaskQueueUnavailable):
+            reconcile_once(store, transport)
+        time.sleep(0.2)
+    assert [republished(j) for j in late] == [1] * len(late), "the late items of the lost log were not re-published"
+    assert store.get(late[0], "t").status is Status.READY  # re-published, not run: nobody consumes here
+    # Their copies are in the new log: the consumer, back in the group, gets them.
+    seen = {Envelope.from_json(x.raw).job_id for x in _drain(transport, 6, owner="w:0", timeout=60)}
+    assert set(late) <= seen

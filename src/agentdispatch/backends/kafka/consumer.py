@@ -147,6 +147,10 @@ class OwnedConsumer:
         # Group liveness: when every broker went away, a consumer must see a
         # rebalance (a fresh assignment, possibly empty) once they are back.
         self.outage_at: float | None = None
+        # When the latest outage began (its first report; the client repeats
+        # it while the brokers stay away): every message confirmed before
+        # then is in the log the brokers had, which a restart may have lost.
+        self.outage_began: float | None = None
         self.rebalanced_at = time.monotonic()
         # Until the owner first gets, the keepalive polls for it (a prepared
         # consumer's assignment and first fetches must not wait for that).
@@ -158,7 +162,11 @@ class OwnedConsumer:
     # -- rebalance callbacks (run inside poll, under self.lock) ---------------
     def _on_error(self, err: KafkaError) -> None:
         if err.code() == KafkaError._ALL_BROKERS_DOWN:
-            self.outage_at = time.monotonic()
+            now = time.monotonic()
+            last = self.outage_at
+            if last is None or self.rebalanced_at >= last or any(t > last for t in self._fetched_at.values()):
+                self.outage_began = now  # a new outage, not the same one reported again
+            self.outage_at = now
         if self._error_sink is not None:
             self._error_sink(err)
 

@@ -59,6 +59,10 @@ class KafkaTransport:
 
     name = "kafka"
 
+    #: Monotonic: when the outage in which the broker lost its log began, if
+    #: a consumer of this process saw it (see :meth:`_mark_lost`).
+    _outage_edge: float | None = None
+
     def __init__(
         self,
         settings: Settings,
@@ -213,7 +217,10 @@ class KafkaTransport:
             # An item published before a log the broker lost is gone for
             # certain: out again at once, so its copy waits in the new log
             # while the group rejoins, not a TTL after its last publish.
-            wait = min(wait, max(margin, now - lost + margin))
+            edge = lost - margin
+            if self._outage_edge is not None and self._outage_edge > edge:
+                edge = self._outage_edge
+            wait = min(wait, max(margin, now - edge))
         return wait
 
     @redeliver_after_s.setter
@@ -456,6 +463,10 @@ class KafkaTransport:
             # A restarted broker that lost its log: re-create the topic now,
             # so the consumers' next metadata refresh finds it, rather than
             # when a publish of this process fails (its flush timeout later).
+            # The items of the old log go out again at the next pass, while
+            # the group still rejoins, not after the next probe.
+            if self._outage_since_probe(consumers) and self._drained.gone():
+                self._mark_lost(consumers)
             self._reensure()
             self._lost_log()
             return
@@ -480,9 +491,31 @@ class KafkaTransport:
         # this probe (an outbox row left by an outage, published late): it is
         # covered from that relay on, not from the probe.
         if relayed is not None and self._drained.observe(min(started, relayed), seen, positions):
+            self._mark_lost(consumers)
             # A client made since the previous probe, which saw the old log
             # (on TopicMissing, or a failed publish), is of the new one.
             self._lost_log(older_than=previous)
+
+    def _outage_since_probe(self, consumers: list[OwnedConsumer]) -> bool:
+        # A topic missing from one metadata answer, with no outage seen since
+        # the last probe (a topic deleted by hand, a broker's transient
+        # error), is left to the next probe, whose offsets tell.
+        probed = self._probed_at
+        return probed is not None and any(oc.outage_began is not None and oc.outage_began > probed for oc in consumers)
+
+    def _mark_lost(self, consumers: list[OwnedConsumer]) -> None:
+        """The broker lost the log the last probe saw. Every item queued
+        before the outage that followed that probe began had its message
+        confirmed in that log (or still waited in the outbox: a copy too
+        many). The last probe alone left out what was published between it
+        and the crash, up to a probe interval: those items waited until the
+        group had consumed the whole new log, the end of the drain."""
+        lost = self._drained.lost_at
+        now = time.monotonic()
+        began = [oc.outage_began for oc in consumers if oc.outage_began is not None]
+        self._outage_edge = None
+        if lost is not None and began and lost < max(began) <= now:
+            self._outage_edge = max(began)
 
     def _lost_log(self, older_than: float | None = None) -> None:
         # The broker lost its log, and the producer's state with it: publish

@@ -182,6 +182,21 @@ class Drained:
                 break
         return lost
 
+    def gone(self) -> bool:
+        """The topic is gone (a broker that lost its log, topic and all):
+        what the last probe covered is consumed or gone, as when offsets go
+        back, but known now rather than at the next probe, of the new
+        topic. True when a probe had seen the old one."""
+        if self._last is None:
+            return False
+        last_at = self._last[0]
+        self._cutoff = last_at if self._cutoff is None else max(self._cutoff, last_at)
+        self.lost_at = last_at
+        # The old log's ends mean nothing for the new one.
+        self._last = None
+        self._probes.clear()
+        return True
+
     @staticmethod
     def _reached(highs: dict[int, int], done: dict[int, int]) -> bool:
         return all(done.get(p, 0) >= h for p, h in highs.items())
