@@ -15,9 +15,10 @@ turns, duplicate side effects, session overlaps; the full speed (the best 3 s
 of finished turns in the run); per restart the longest pause in finished turns
 once the broker was back (turns already in the consumers' buffers finish at
 once, so the first finish says little); and for the last restart: the backlog
-at that moment (the last wave included), the drain time (broker back -> all
-done), and the drain time minus backlog / full speed (what the restart itself
-cost), against the TTL.
+at that moment (the last wave included), the messages the new log got (with
+the copies the relays and the reconciler published), the drain time (broker
+back -> all done), and the drain time minus backlog / full speed (what the
+restart itself cost), against the TTL.
 
 ``--baseline-src DIR`` runs the same soak on another checkout's ``src`` (e.g. a
 ``git worktree`` of the previous commit) first, alternating ``--rounds`` times,
@@ -85,6 +86,13 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             restarts[-1]["backlog"] = len(jobs) - fleet.succeeded(jobs)
             fleet.wait(jobs, timeout=args.timeout)
             finished = time.time()
+            # The log since the last restart, all consumed: the group's
+            # committed offsets are its ends (Tansu's own end answer leaves
+            # the last batch out). Against the backlog it shows the copies.
+            try:
+                log_messages = sum(max(done, high) for done, high in fleet.transport._admin.positions().values())
+            except Exception:
+                log_messages = -1
             ev = fleet.evidence(jobs)
             ends = sorted(
                 float(ln.split()[4]) for ln in Path(fleet.sink).read_text().splitlines() if ln.startswith("end ")
@@ -123,6 +131,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 "down_s": [round(rs["back"] - rs["killed"], 1) for rs in restarts],
                 "backlog_at_restarts": [rs["backlog"] for rs in restarts],
                 "last_backlog": last["backlog"],
+                "last_log_messages": log_messages,
                 "last_drain_s": round(drain, 2),
                 "last_excess_s": round(drain - last["backlog"] / max(full, 1e-3), 2),
                 "crashes": sorted(fleet.crashed.values()),
@@ -155,7 +164,8 @@ def show(label: str, r: dict[str, Any]) -> None:
         f"pause after each restart {r['recovery_s']} s; backlog at each {r['backlog_at_restarts']}"
     )
     print(
-        f"  {'':<9} last restart: backlog {r['last_backlog']}, drained {r['last_drain_s']:.1f} s after it "
+        f"  {'':<9} last restart: backlog {r['last_backlog']} ({r.get('last_log_messages', -1):,} messages in the "
+        f"new log), drained {r['last_drain_s']:.1f} s after it "
         f"({r['last_drain_s'] / r['ttl_s']:.2f} TTL), {r['last_excess_s']:.1f} s beyond backlog / full speed "
         f"({r['last_excess_s'] / r['ttl_s']:.2f} TTL; TTL {r['ttl_s']:g} s)"
     )
