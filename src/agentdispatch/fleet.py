@@ -20,6 +20,24 @@ def new_worker_id() -> str:
     return "w-" + secrets.token_hex(8)
 
 
+#: Between a worker's name and the token of one incarnation in its id.
+INCARNATION = "@"
+
+
+def named_worker_id(name: str) -> str:
+    """The id of one incarnation of the worker named ``name``."""
+    return f"{name}{INCARNATION}{secrets.token_hex(4)}"
+
+
+def earlier_incarnations(worker_id: str, ids: list[str]) -> list[str]:
+    """Those of ``ids`` that name the same worker as ``worker_id`` (a named
+    one) in another incarnation."""
+    name, sep, _ = worker_id.rpartition(INCARNATION)
+    if not sep:
+        return []
+    return [i for i in ids if i != worker_id and i.rpartition(INCARNATION)[0] == name]
+
+
 def host_label() -> str:
     """An opaque, stable label for this host: a hash, never the name."""
     return "host-" + hashlib.sha256(socket.gethostname().encode()).hexdigest()[:10]

@@ -12,7 +12,7 @@ from typing import Protocol
 from .dispatch import Dispatcher
 from .errors import AgentDispatchError
 from .faults import recoverable
-from .fleet import process_gone
+from .fleet import earlier_incarnations, process_gone
 from .policy import sweep_every
 from .schedules import FIRE_EVERY_S, Schedules
 from .settings import Settings, load_settings
@@ -33,6 +33,28 @@ class Reapable(Repair, Outbox, Fleet, Protocol):
 #: Workers whose rows a reaping pass reads, by the age of their last heartbeat:
 #: every row, so that the rows of killed workers do not pile up.
 REAP_ROWS_S = 1e9
+
+
+def take_over(store: Reapable, transport: Sender, worker_id: str) -> SweepReport:
+    """A named worker starting: end the leases of its name's earlier
+    incarnations, which its start says are gone (a pod restarted under its
+    name, in a new container whose processes no peer can check)."""
+    report = SweepReport()
+    rows = [w.worker_id for w in store.workers(max_age_s=REAP_ROWS_S)]
+    for old in earlier_incarnations(worker_id, rows):
+        got = store.reap(old)
+        log.warning(
+            "worker %s took over from %s: %d turn(s) back to ready, %d dead-lettered",
+            worker_id,
+            old,
+            got.reclaimed,
+            got.dead_lettered,
+        )
+        report.reclaimed += got.reclaimed
+        report.dead_lettered += got.dead_lettered
+    if report.total:
+        transport.relay(store)
+    return report
 
 
 def reap_dead_workers(store: Reapable, transport: Sender) -> SweepReport:

@@ -41,6 +41,18 @@ def _default_data_dir() -> Path:
     return Path(base) / "agentdispatch"
 
 
+WORKER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def check_worker_name(name: str) -> str:
+    """``name`` if it can name a worker, else :class:`ValueError` saying why."""
+    if not WORKER_NAME.fullmatch(name):
+        raise ValueError(
+            f"worker name {name!r} must be 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit"
+        )
+    return name
+
+
 class Settings(BaseSettings):
     """Every knob of agentdispatch, read from the environment and validated."""
 
@@ -58,6 +70,9 @@ class Settings(BaseSettings):
     claim_ttl_s: float = Field(default=120.0, gt=0, alias="AGENT_DISPATCH_CLAIM_TTL_S")
     renew_interval_s: float = Field(default=30.0, gt=0, alias="AGENT_DISPATCH_RENEW_INTERVAL_S")
     max_attempts: int = Field(default=5, ge=1, alias="AGENT_DISPATCH_MAX_ATTEMPTS")
+    #: A worker's stable name (a pod name): a worker started under a name ends
+    #: at once the leases of the name's earlier incarnations.
+    worker_name: str | None = Field(default=None, alias="AGENT_DISPATCH_WORKER_NAME")
     app: str | None = Field(default=None, alias="AGENT_DISPATCH_APP")
     mesh_max_turns_per_agent: int = Field(default=4, ge=1, alias="MESH_MAX_TURNS_PER_AGENT")
     mesh_max_turns: int = Field(default=16, ge=1, alias="MESH_MAX_TURNS")
@@ -82,6 +97,15 @@ class Settings(BaseSettings):
     metrics_token: SecretStr | None = Field(default=None, alias="AGENT_DISPATCH_METRICS_TOKEN")
     #: ``text`` (the default) or ``json``: one JSON object per log line.
     log_format: LogFormat = Field(default=LogFormat.TEXT, alias="AGENT_DISPATCH_LOG_FORMAT")
+
+    @field_validator("worker_name", mode="before")
+    @classmethod
+    def _worker_name(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip() or None
+            if value is not None:
+                check_worker_name(value)
+        return value
 
     @field_validator("intake_key", mode="before")
     @classmethod

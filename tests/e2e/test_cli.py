@@ -227,6 +227,8 @@ BAD_INPUT: list[tuple[str, list[str], dict[str, str], str | None]] = [
     ("renew-over-ttl", ["jobs"], {"AGENT_DISPATCH_RENEW_INTERVAL_S": "200"}, "AGENT_DISPATCH_RENEW_INTERVAL_S"),
     ("unknown-backend", ["submit", "echo"], {"TASK_QUEUE_BACKEND": "redis"}, "TASK_QUEUE_BACKEND"),
     ("zero-batch", ["worker", "--batch", "0"], {}, "--batch"),
+    ("bad-worker-name", ["worker", "--name", "pod:0"], {}, "--name"),
+    ("bad-worker-name-env", ["worker"], {"AGENT_DISPATCH_WORKER_NAME": "a@b"}, "AGENT_DISPATCH_WORKER_NAME"),
 ]
 
 

@@ -1,20 +1,24 @@
 """A worker SIGKILLed with turns in flight: the worker started in its place on
 the same host sees that the process is gone and runs those turns again at once,
-not after the lease TTL (far beyond the test's patience here). A paused worker
-keeps its leases."""
+not after the lease TTL (far beyond the test's patience here); so does one
+restarted under the same name where the process cannot be checked. A paused
+worker keeps its leases."""
 
 from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from agentdispatch import Status, Submission
+from agentdispatch.reconciler import reap_dead_workers
 from backends import Harness, postgres_harness, sqlite_harness
 from contract.helpers import wait_until
 
@@ -68,6 +72,41 @@ def test_a_killed_workers_turns_run_again_at_once(tmp_path: Path, build: Callabl
         assert {h.store.get(j, "t").attempt for j in jobs} == {2}
         alive = {w.worker_id for w in h.store.workers()}
         assert len(alive) == 2  # the killed worker's row went; the paused one's stayed
+    finally:
+        for w in workers:
+            _stop(w)
+        h.close()
+
+
+def test_a_worker_restarted_under_its_name_takes_over_at_once(tmp_path: Path) -> None:
+    # The killed incarnation ran where no peer can check its process (another
+    # container of the same pod, say): only its name says that it is gone.
+    h = sqlite_harness(tmp_path, claim_ttl_s=280.0, renew_interval_s=5.0)
+    sink = tmp_path / "sink"
+    sink.mkdir()
+    env = {**h.env, **TTL, "RUNTIME_SINK_DIR": str(sink), "AGENT_DISPATCH_WORKER_NAME": "pod-0"}
+    workers: list[subprocess.Popen[bytes]] = []
+    try:
+        d = h.dispatcher()
+        jobs = [d.submit(Submission(kind="think", tenant="t", session_id=f"s{i}")).job_id for i in range(20)]
+        workers.append(first := _worker(env))
+        wait_until(lambda: sorted(_lines(sink, "start")) == sorted(jobs), timeout=60)
+        [row] = h.store.workers()
+        assert row.worker_id.startswith("pod-0@")
+        first.kill()
+        first.wait()
+        with sqlite3.connect(cast(Any, h.store).db.path) as conn:
+            conn.execute("UPDATE dispatch_workers SET process = ''")
+        # Another name changes nothing: the turns stay with the dead worker.
+        assert reap_dead_workers(cast(Any, h.store), h.transport).total == 0
+        workers.append(_worker({**env, "RUNTIME_APP_FAST": "1", "AGENT_DISPATCH_WORKER_NAME": "pod-1"}))
+        wait_until(lambda: len(h.store.workers()) == 2, timeout=60)
+        assert {h.store.get(j, "t").attempt for j in jobs} == {1}
+
+        workers.append(_worker({**env, "RUNTIME_APP_FAST": "1"}))
+        wait_until(lambda: all(h.store.get(j, "t").status is Status.SUCCEEDED for j in jobs), timeout=120)
+        assert sorted(_lines(sink, "effect")) == sorted(jobs)
+        assert row.worker_id not in {w.worker_id for w in h.store.workers()}
     finally:
         for w in workers:
             _stop(w)

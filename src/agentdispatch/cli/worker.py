@@ -16,9 +16,11 @@ from typing import Any
 import click
 
 from ..errors import AgentDispatchError, TaskQueueUnavailable
+from ..fleet import named_worker_id
 from ..logs import configure as configure_logs
 from ..metrics import Exposition, FleetCollector, Metrics
 from ..runtime import AsyncWorker, RuntimeOptions
+from ..settings import check_worker_name
 from ..stores.base import Store
 from ..transports.base import Transport
 from . import exits
@@ -68,6 +70,12 @@ METRICS_HOST = click.option(
     show_default=True,
     help="Address the --metrics-port server binds (no authentication: keep it private).",
 )
+NAME = click.option(
+    "--name",
+    default=None,
+    help="This worker's stable name, e.g. its pod name: starting under a name takes over at once the turns "
+    "its earlier incarnations held [env: AGENT_DISPATCH_WORKER_NAME].",
+)
 BATCH = click.option(
     "--batch",
     type=click.IntRange(1, 1024),
@@ -100,15 +108,27 @@ def serve_metrics(port: int, host: str, metrics: Metrics, store: Store, transpor
 
 
 def run_worker(
-    obj: App, options: RuntimeOptions, app_spec: str | None, metrics_port: int | None, metrics_host: str = "127.0.0.1"
+    obj: App,
+    options: RuntimeOptions,
+    app_spec: str | None,
+    metrics_port: int | None,
+    metrics_host: str = "127.0.0.1",
+    name: str | None = None,
 ) -> None:
     """Preflight (exit 2 on failure, naming the setting), then run until SIGTERM/SIGINT."""
     obj.app_spec = app_spec
+    if name is not None:
+        try:
+            check_worker_name(name)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--name'") from None
     try:
         settings = obj.settings
         configure_logs(settings.log_format.value)
         store, transport = obj.backends
-        worker = AsyncWorker(settings, store, transport, obj.registry, options=options)
+        name = name or settings.worker_name
+        worker_id = named_worker_id(name) if name else None
+        worker = AsyncWorker(settings, store, transport, obj.registry, options=options, worker_id=worker_id)
         worker.preflight()
     except TaskQueueUnavailable as exc:
         click.echo(
@@ -165,7 +185,7 @@ def _abandoned_threads() -> bool:
 
 
 def _flags(fn: Callable[..., Any]) -> Callable[..., Any]:
-    for flag in reversed((CONCURRENCY, THREADS, WORKERS, APP, GRACE, METRICS, METRICS_HOST, BATCH)):
+    for flag in reversed((CONCURRENCY, THREADS, WORKERS, APP, GRACE, METRICS, METRICS_HOST, NAME, BATCH)):
         fn = flag(fn)
     return fn
 
@@ -185,10 +205,12 @@ def register(main: click.Group) -> None:
         grace: float,
         metrics_port: int | None,
         metrics_host: str,
+        name: str | None,
         batch: int,
     ) -> None:
         """Run turns until SIGTERM/SIGINT: up to --concurrency at once in one process."""
-        run_worker(obj, options_of(concurrency, threads, workers, grace, batch), app_spec, metrics_port, metrics_host)
+        options = options_of(concurrency, threads, workers, grace, batch)
+        run_worker(obj, options, app_spec, metrics_port, metrics_host, name)
 
 
 @click.command(cls=OneLineCommand)
@@ -201,11 +223,13 @@ def worker_main(
     grace: float,
     metrics_port: int | None,
     metrics_host: str,
+    name: str | None,
     batch: int,
 ) -> None:
     """agent-dispatch-worker: run turns until SIGTERM/SIGINT, up to --concurrency at once."""
     try:
-        run_worker(App(), options_of(concurrency, threads, workers, grace, batch), app_spec, metrics_port, metrics_host)
+        options = options_of(concurrency, threads, workers, grace, batch)
+        run_worker(App(), options, app_spec, metrics_port, metrics_host, name)
     except AgentDispatchError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
