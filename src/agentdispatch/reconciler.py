@@ -35,21 +35,15 @@ class Reapable(Repair, Outbox, Fleet, Protocol):
 REAP_ROWS_S = 1e9
 
 
-def take_over(store: Reapable, transport: Sender, worker_id: str) -> SweepReport:
-    """A named worker starting: end the leases of its name's earlier
-    incarnations, which its start says are gone (a pod restarted under its
-    name, in a new container whose processes no peer can check)."""
+def _reap(store: Reapable, transport: Sender, worker_ids: list[str], why: str) -> SweepReport:
+    """End the leases of the workers ``worker_ids`` (see :meth:`Repair.reap`),
+    then publish what went back to ready."""
     report = SweepReport()
-    rows = [w.worker_id for w in store.workers(max_age_s=REAP_ROWS_S)]
-    for old in earlier_incarnations(worker_id, rows):
-        got = store.reap(old)
-        log.warning(
-            "worker %s took over from %s: %d turn(s) back to ready, %d dead-lettered",
-            worker_id,
-            old,
-            got.reclaimed,
-            got.dead_lettered,
-        )
+    for worker_id in worker_ids:
+        got = store.reap(worker_id)
+        if got.total:
+            back, dead = got.reclaimed, got.dead_lettered
+            log.warning("%s %s: %d turn(s) back to ready, %d dead-lettered", why, worker_id, back, dead)
         report.reclaimed += got.reclaimed
         report.dead_lettered += got.dead_lettered
     if report.total:
@@ -57,27 +51,22 @@ def take_over(store: Reapable, transport: Sender, worker_id: str) -> SweepReport
     return report
 
 
+def take_over(store: Reapable, transport: Sender, worker_id: str) -> SweepReport:
+    """A named worker starting: end the leases of its name's earlier
+    incarnations, which its start says are gone (a pod restarted under its
+    name, in a new container whose processes no peer can check)."""
+    rows = [w.worker_id for w in store.workers(max_age_s=REAP_ROWS_S)]
+    return _reap(store, transport, earlier_incarnations(worker_id, rows), f"worker {worker_id} took over from")
+
+
 def reap_dead_workers(store: Reapable, transport: Sender) -> SweepReport:
     """End the leases of the workers whose process, on this host, is gone (a
     SIGKILL, a crash, an out-of-memory kill), so their turns run again now
     rather than after the lease TTL; then publish what went back to ready.
     Workers on other hosts, or paused ones, are left to their TTL."""
-    report = SweepReport()
-    for row in store.workers(max_age_s=REAP_ROWS_S):
-        if row.process and process_gone(row.process):
-            got = store.reap(row.worker_id)
-            if got.total:
-                log.warning(
-                    "worker %s is gone: %d turn(s) back to ready, %d dead-lettered",
-                    row.worker_id,
-                    got.reclaimed,
-                    got.dead_lettered,
-                )
-            report.reclaimed += got.reclaimed
-            report.dead_lettered += got.dead_lettered
-    if report.total:
-        transport.relay(store)
-    return report
+    rows = store.workers(max_age_s=REAP_ROWS_S)
+    gone = [w.worker_id for w in rows if w.process and process_gone(w.process)]
+    return _reap(store, transport, gone, "the process of worker")
 
 
 def reconcile_once(store: Repairable, transport: Sender) -> SweepReport:

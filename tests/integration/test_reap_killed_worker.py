@@ -47,6 +47,15 @@ def _stop(p: subprocess.Popen[bytes]) -> None:
             p.wait()
 
 
+def _twenty_running(h: Harness, sink: Path, env: dict[str, str], workers: list[subprocess.Popen[bytes]]) -> list[str]:
+    """Twenty turns, each in a session of its own, running in a new worker."""
+    d = h.dispatcher()
+    jobs = [d.submit(Submission(kind="think", tenant="t", session_id=f"s{i}")).job_id for i in range(20)]
+    workers.append(_worker(env))
+    wait_until(lambda: sorted(_lines(sink, "start")) == sorted(jobs), timeout=60)
+    return jobs
+
+
 @pytest.mark.parametrize("build", [sqlite_harness, postgres_harness], ids=["sqlite", "postgres"])
 def test_a_killed_workers_turns_run_again_at_once(tmp_path: Path, build: Callable[..., Harness]) -> None:
     h = build(tmp_path, claim_ttl_s=280.0, renew_interval_s=5.0)
@@ -55,10 +64,8 @@ def test_a_killed_workers_turns_run_again_at_once(tmp_path: Path, build: Callabl
     env = {**h.env, **TTL, "RUNTIME_SINK_DIR": str(sink)}
     workers: list[subprocess.Popen[bytes]] = []
     try:
-        d = h.dispatcher()
-        jobs = [d.submit(Submission(kind="think", tenant="t", session_id=f"s{i}")).job_id for i in range(20)]
-        workers.append(first := _worker(env))
-        wait_until(lambda: sorted(_lines(sink, "start")) == sorted(jobs), timeout=60)
+        jobs = _twenty_running(h, sink, env, workers)
+        first = workers[0]
         paused = _worker(env)  # a second worker, paused: alive, so its leases stay
         workers.append(paused)
         wait_until(lambda: len(h.store.workers()) == 2, timeout=60)
@@ -87,10 +94,8 @@ def test_a_worker_restarted_under_its_name_takes_over_at_once(tmp_path: Path) ->
     env = {**h.env, **TTL, "RUNTIME_SINK_DIR": str(sink), "AGENT_DISPATCH_WORKER_NAME": "pod-0"}
     workers: list[subprocess.Popen[bytes]] = []
     try:
-        d = h.dispatcher()
-        jobs = [d.submit(Submission(kind="think", tenant="t", session_id=f"s{i}")).job_id for i in range(20)]
-        workers.append(first := _worker(env))
-        wait_until(lambda: sorted(_lines(sink, "start")) == sorted(jobs), timeout=60)
+        jobs = _twenty_running(h, sink, env, workers)
+        first = workers[0]
         [row] = h.store.workers()
         assert row.worker_id.startswith("pod-0@")
         first.kill()

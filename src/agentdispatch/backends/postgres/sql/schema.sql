@@ -1,4 +1,4 @@
--- schema version: 16
+-- schema version: 18
 -- agentdispatch schema, PostgreSQL (the shared state store of a fleet): the
 -- whole current schema, applied to a fresh database. Later changes are the
 -- numbered migrations beside this file (see agentdispatch.stores.schema).
@@ -361,7 +361,10 @@ CREATE TABLE dispatch_workers (
     active_sessions text NOT NULL,
     queue_backend   text NOT NULL,
     started_at      double precision NOT NULL,
-    last_heartbeat  double precision NOT NULL
+    last_heartbeat  double precision NOT NULL,
+    -- Which process the worker is (pid namespace, pid, start time), so a peer
+    -- on the same host can tell that it died and end its leases at once.
+    process         text NOT NULL DEFAULT ''
 );
 
 -- The queue (and, under an external transport, the outbox). Scheduling columns
@@ -705,7 +708,15 @@ BEGIN
             -- Least recently served is approximate by design: a row another claim is
             -- marking right now is skipped (that claim marks it as recent), so no claim
             -- ever waits for a fairness row.
-            SELECT c.priority, c.group_ref, c.tenant_ref, nextval('dispatch_served_seq') AS n FROM claimed c
+            -- Stamped in the order the round picked them (the update returns its
+            -- rows in id order): the next round serves them in the same order,
+            -- not the tenant with the oldest rows first again.
+            SELECT c.priority, c.group_ref, c.tenant_ref, nextval('dispatch_served_seq') AS n
+            FROM (
+                SELECT * FROM claimed c
+                ORDER BY array_position((SELECT p.ids FROM pick p), c.id)
+                OFFSET 0
+            ) c
         ), lock_group AS MATERIALIZED (
             -- One index probe per claimed row (a join could become a scan).
             SELECT x.priority, x.group_ref FROM mark m

@@ -1,4 +1,4 @@
--- schema version: 16
+-- schema version: 17
 -- agentdispatch schema, SQLite (one WAL file per host): the whole current
 -- schema, applied to a fresh database. Later changes are the numbered
 -- migrations beside this file (see agentdispatch.stores.schema).
@@ -115,7 +115,10 @@ CREATE TABLE dispatch_workers (
     active_sessions TEXT NOT NULL,
     queue_backend   TEXT NOT NULL,
     started_at      REAL NOT NULL,
-    last_heartbeat  REAL NOT NULL
+    last_heartbeat  REAL NOT NULL,
+    -- Which process the worker is (pid namespace, pid, start time), so a peer
+    -- on the same host can tell that it died and end its leases at once.
+    process         TEXT NOT NULL DEFAULT ''
 );
 
 -- The queue (and, under an external transport, the outbox). Scheduling columns
