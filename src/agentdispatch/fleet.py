@@ -90,10 +90,18 @@ def process_gone(label: str) -> bool:
     if not started or not pid.isdigit() or namespace != _namespace():
         return False
     try:
+        # Existence by signal 0, not by /proc: a /proc mounted with hidepid
+        # hides other users' processes, which are there all the same.
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):
+        return False  # there but another user's (EPERM), or not a pid at all
+    try:
         stat = _stat(int(pid))
     except (OSError, ValueError, IndexError):
         return False
-    return stat is None or stat[1] != started or stat[0] in ("Z", "X")
+    return stat is not None and (stat[1] != started or stat[0] in ("Z", "X"))
 
 
 def topology(
