@@ -12,7 +12,7 @@ from typing import Protocol
 from .dispatch import Dispatcher
 from .errors import AgentDispatchError
 from .faults import recoverable
-from .fleet import earlier_incarnations, process_gone
+from .fleet import INCARNATION, earlier_incarnations, process_gone
 from .policy import sweep_every
 from .schedules import FIRE_EVERY_S, Schedules
 from .settings import Settings, load_settings
@@ -57,6 +57,19 @@ def take_over(store: Reapable, transport: Sender, worker_id: str) -> SweepReport
     name, in a new container whose processes no peer can check)."""
     rows = [w.worker_id for w in store.workers(max_age_s=REAP_ROWS_S)]
     return _reap(store, transport, earlier_incarnations(worker_id, rows), f"worker {worker_id} took over from")
+
+
+def take_over_at_start(store: Reapable, transport: Sender, worker_id: str) -> None:
+    """:func:`take_over` for a worker that starts, if it has a name; a store
+    error only delays the turns (their leases run out)."""
+    if INCARNATION not in worker_id:
+        return
+    try:
+        take_over(store, transport, worker_id)
+    except Exception as exc:
+        if not recoverable(exc):
+            raise
+        log.warning("taking over from earlier incarnations failed (their leases run out): %s", exc)
 
 
 def reap_dead_workers(store: Reapable, transport: Sender) -> SweepReport:

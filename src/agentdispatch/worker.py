@@ -19,7 +19,7 @@ from .lanes import Lane, Step
 from .lease import LeaseGuard, Renewer
 from .metrics import Metrics
 from .policy import Backpressure, batch_size
-from .reconciler import Reconciler
+from .reconciler import Reconciler, take_over_at_start
 from .settings import Settings
 from .stores.base import Store, WorkerRow
 from .transports.base import Delivery, Transport
@@ -100,6 +100,7 @@ class Worker:
 
     def start(self) -> None:
         """Start claim threads, heartbeat and reconciler (non-blocking)."""
+        take_over_at_start(self.store, self.transport, self.worker_id)
         self._beat(force=True)
         for i in range(self.options.threads):
             t = threading.Thread(target=self._claim_loop, args=(i,), name=f"claim-{i}", daemon=True)

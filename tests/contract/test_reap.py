@@ -10,7 +10,7 @@ import sys
 
 from agentdispatch import Status, Submission
 from agentdispatch.fleet import process_label
-from agentdispatch.reconciler import reap_dead_workers
+from agentdispatch.reconciler import reap_dead_workers, take_over
 from agentdispatch.stores.base import ClaimKind, WorkerRow
 
 from .helpers import wait_until
@@ -63,3 +63,16 @@ def test_a_turn_on_its_last_attempt_goes_to_the_dead_letter_queue(make_harness):
     assert (report.reclaimed, report.dead_lettered) == (0, 1)
     item = h.store.get(job, "t")
     assert (item.status, item.reason) == (Status.DEAD_LETTER, "lease_exhausted")
+
+
+def test_a_worker_starting_under_a_name_takes_over_its_earlier_incarnation(harness):
+    job = harness.dispatcher().submit(Submission(kind="echo", tenant="t")).job_id
+    harness.store.heartbeat(_row("pod-0@old", ""))  # its process cannot be checked from here
+    wait_until(lambda: harness.store.claim(job, "t", owner="pod-0@old:0", ttl_s=300).kind is ClaimKind.CLAIMED)
+
+    assert reap_dead_workers(harness.store, harness.transport).total == 0
+    assert take_over(harness.store, harness.transport, "pod-1@new").total == 0  # another name
+    assert take_over(harness.store, harness.transport, "pod-0@new").reclaimed == 1
+
+    assert harness.store.get(job, "t").status is Status.READY
+    assert "pod-0@old" not in {w.worker_id for w in harness.store.workers()}

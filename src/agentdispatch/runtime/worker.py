@@ -21,13 +21,13 @@ from typing import Any, TypeVar
 
 from ..factory import open_flow
 from ..faults import Backoff, recoverable
-from ..fleet import INCARNATION, host_label, new_worker_id, process_label
+from ..fleet import host_label, new_worker_id, process_label
 from ..handlers import Registry
 from ..lease import LeaseGuard
 from ..metrics import Metrics
 from ..observe import TurnObserver
 from ..policy import ConcurrencyLimit
-from ..reconciler import Reconciler, take_over
+from ..reconciler import Reconciler, take_over_at_start
 from ..settings import Settings
 from ..stores.base import Store, WorkerRow
 from ..transports.base import Delivery, Transport
@@ -150,7 +150,7 @@ class AsyncWorker:
         reconciler = (
             Reconciler(self.store, self.transport, self.settings.claim_ttl_s).start() if opts.reconcile else None
         )
-        await self._off(self._io, self._take_over)
+        await self._off(self._io, take_over_at_start, self.store, self.transport, self.worker_id)
         await self._off(self._io, self._beat)
         side = [
             asyncio.create_task(self._finisher()),
@@ -175,17 +175,6 @@ class AsyncWorker:
             with contextlib.suppress(Exception):  # best effort: the row ages out anyway
                 self.store.remove_worker(self.worker_id)
         return clean
-
-    def _take_over(self) -> None:
-        """A named worker: the leases of its name's earlier incarnations end now."""
-        if INCARNATION not in self.worker_id:
-            return
-        try:
-            take_over(self.store, self.transport, self.worker_id)
-        except Exception as exc:
-            if not recoverable(exc):
-                raise
-            log.warning("taking over from earlier incarnations failed (their leases run out): %s", exc)
 
     async def _off(self, executor: Executor, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
