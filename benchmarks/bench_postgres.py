@@ -11,7 +11,9 @@
    10,000 tenants and 100,000 sessions, with the EXPLAIN plan (ratio of p50s).
 4. dispatch latency: ``--rate`` turns/s offered to idle workers: submit call -> handler
    start, and submit returned (its commit visible) -> handler start; once with the
-   workers in the submitting process, once in a worker process of their own; against
+   workers in the submitting process, once in a worker process of their own; for the
+   async worker (what ``agentdispatch worker`` runs, ``--concurrency`` = ``--threads``)
+   and the thread Worker (``--dispatch-worker`` picks; default both); against
    a bare durable INSERT + NOTIFY woken by LISTEN and claimed with the bare delete
    (on a virtual machine, waking an idle process dominates both).
 
@@ -52,6 +54,7 @@ from agentdispatch.backends.postgres.store import PostgresStore
 from agentdispatch.backends.postgres.transport import PostgresTransport
 from agentdispatch.handlers import Registry, Turn, builtins
 from agentdispatch.lease import LeaseGuard
+from agentdispatch.runtime import AsyncWorker, RuntimeOptions
 from agentdispatch.sqlfiles import queries
 
 BASE = os.environ.get("AGENTDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -409,7 +412,39 @@ def _offer(d: Dispatcher, rate: float, count: int) -> dict[str, tuple[float, flo
     return submitted
 
 
-def _latency_worker(uri: str, threads: int, ready: Any, stop: Any, out: Any) -> None:
+class _Running:
+    """A worker of either kind, started and stopped the same way."""
+
+    def __init__(self, kind: str, settings: Any, store: Any, transport: Any, reg: Registry, threads: int) -> None:
+        self._thread: threading.Thread | None = None
+        self._async: AsyncWorker | None = None
+        self._worker: Worker | None = None
+        if kind == "async":
+            opts = RuntimeOptions(concurrency=threads, threads=threads, reconcile=False)
+            self._async = AsyncWorker(settings, store, transport, reg, options=opts)
+        else:
+            opts_t = WorkerOptions(threads=threads, get_wait_s=0.5, reconcile=False)
+            self._worker = Worker(settings, store, transport, reg, options=opts_t)
+
+    def start(self) -> None:
+        if self._async is not None:
+            self._thread = threading.Thread(target=self._async.run_forever, name="async-worker", daemon=True)
+            self._thread.start()
+        else:
+            assert self._worker is not None
+            self._worker.start()
+
+    def stop(self) -> None:
+        if self._async is not None:
+            self._async.request_stop()
+            assert self._thread is not None
+            self._thread.join(timeout=30)
+        else:
+            assert self._worker is not None
+            self._worker.stop(grace_s=5)
+
+
+def _latency_worker(uri: str, kind: str, threads: int, ready: Any, stop: Any, out: Any) -> None:
     """A worker process whose handler reports when each turn started
     (``perf_counter`` is the host's monotonic clock, shared by processes)."""
     store = PostgresStore(uri)
@@ -417,14 +452,12 @@ def _latency_worker(uri: str, threads: int, ready: Any, stop: Any, out: Any) -> 
     settings = load_settings(STATE_DB_URI=uri)
     reg = Registry()
     reg.add("note", lambda turn, guard: out.put((turn.job_id, time.perf_counter())))
-    worker = Worker(
-        settings, store, transport, reg, options=WorkerOptions(threads=threads, get_wait_s=0.5, reconcile=False)
-    )
+    worker = _Running(kind, settings, store, transport, reg, threads)
     worker.start()
     time.sleep(1.0)  # idle workers, listener connected
     ready.set()
     stop.wait()
-    worker.stop(grace_s=5)
+    worker.stop()
     transport.close()
     store.close()
 
@@ -472,7 +505,7 @@ def bare_dispatch_latency(rate: float, count: int) -> list[float]:
 
 
 def bench_dispatch_latency(
-    rate: float, count: int, threads: int, *, separate: bool, bare: list[float] | None = None
+    rate: float, count: int, threads: int, *, separate: bool, kind: str = "thread", bare: list[float] | None = None
 ) -> None:
     """Submit -> handler start at light load: the workers in this process (they
     share its GIL with the submitter), or in a process of their own (as a
@@ -483,7 +516,7 @@ def bench_dispatch_latency(
         if separate:
             ctx = mp.get_context("spawn")
             ready, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
-            proc = ctx.Process(target=_latency_worker, args=(uri, threads, ready, stop, out))
+            proc = ctx.Process(target=_latency_worker, args=(uri, kind, threads, ready, stop, out))
             proc.start()
             ready.wait(timeout=60)
             submitted = _offer(Dispatcher(store, transport, settings), rate, count)
@@ -503,26 +536,22 @@ def bench_dispatch_latency(
 
             reg = Registry()
             reg.add("note", note)
-            worker = Worker(
-                settings, store, transport, reg, options=WorkerOptions(threads=threads, get_wait_s=0.5, reconcile=False)
-            )
+            worker = _Running(kind, settings, store, transport, reg, threads)
             worker.start()
             time.sleep(1.0)  # idle workers, listener connected
             submitted = _offer(Dispatcher(store, transport, settings), rate, count)
             deadline = time.monotonic() + 30
             while len(started) < count and time.monotonic() < deadline:
                 time.sleep(0.05)
-            worker.stop(grace_s=5)
+            worker.stop()
         transport.close()
         store.close()
     whole = [started[j] - t0 for j, (t0, _t1) in submitted.items() if j in started]
     after = [started[j] - t1 for j, (_t0, t1) in submitted.items() if j in started]
     submit = [t1 - t0 for t0, t1 in submitted.values()]
     where = "a worker process of its own" if separate else "this process"
-    print(
-        f"dispatch latency at {rate:.0f} turns/s offered to {threads} idle threads in {where} "
-        f"({len(whole)}/{count} started):"
-    )
+    who = f"the async worker (concurrency {threads})" if kind == "async" else f"{threads} idle Worker threads"
+    print(f"dispatch latency at {rate:.0f} turns/s offered to {who} in {where} ({len(whole)}/{count} started):")
     print(
         f"    submit call -> handler start:            p50 {pct(whole, 50) * 1e3:.2f} ms, "
         f"p99 {pct(whole, 99) * 1e3:.2f} ms (target p50 <= 2 ms)"
@@ -556,6 +585,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-max", type=int, default=32, help="WorkerOptions.batch_max (1: a commit per turn)")
     p.add_argument("--skip-dispatch", action="store_true", help="skip the dispatch latency runs")
     p.add_argument("--skip-drain", action="store_true", help="skip the drain throughput runs")
+    p.add_argument(
+        "--dispatch-worker",
+        choices=["async", "thread", "both"],
+        default="both",
+        help="which worker the dispatch latency runs measure (async: what `agentdispatch worker` runs)",
+    )
     args = p.parse_args(argv)
     if not args.skip_drain:
         bench_submit_and_drain(args.turns, args.batch, args.threads, args.procs, args.batch_max)
@@ -564,8 +599,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.skip_dispatch:
         return
     bare = bare_dispatch_latency(args.rate, args.dispatch_count)
-    bench_dispatch_latency(args.rate, args.dispatch_count, args.threads, separate=False, bare=bare)
-    bench_dispatch_latency(args.rate, args.dispatch_count, args.threads, separate=True, bare=bare)
+    kinds = ["async", "thread"] if args.dispatch_worker == "both" else [args.dispatch_worker]
+    for kind in kinds:
+        for separate in (False, True):
+            bench_dispatch_latency(
+                args.rate, args.dispatch_count, args.threads, separate=separate, kind=kind, bare=bare
+            )
 
 
 if __name__ == "__main__":
