@@ -243,6 +243,15 @@ def test_a_finished_turn_commits_while_the_claimer_waits_for_work(make_harness):
     harness.transport.wait = held_wait  # type: ignore[method-assign]
     if hasattr(harness.store, "wait_for_submission"):  # an idle worker's wait on SQLite
         harness.store.wait_for_submission = held_wait
+    real_poll = getattr(harness.transport, "arrival_poll_s", None)
+    if real_poll is not None:  # PostgreSQL: the claimer waits for news on the loop itself
+
+        def held_poll() -> float:
+            if started.is_set():
+                waiting.set()
+            return real_poll()
+
+        harness.transport.arrival_poll_s = held_poll
     reg = Registry()
 
     @reg.register("agent")

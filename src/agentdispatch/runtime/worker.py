@@ -98,6 +98,13 @@ class AsyncWorker:
         self._stopping = threading.Event()
         self._claim_wake: asyncio.Event | None = None
         self._finish_wake: asyncio.Event | None = None
+        #: Set when the transport tells of new rows (PostgreSQL's LISTEN) or at
+        #: a stop; cleared as each claim starts, so news during a claim counts.
+        self._arrived: asyncio.Event | None = None
+        #: Rows told of since the last claim started (None: an unknown number).
+        self._told: int | None = 0
+        #: Claims that followed a wake's news: counted for tests and metrics.
+        self.woken_claims = 0
         self._started_at = time.time()
         self._last_beat = float("-inf")
         self._beat_queued = False
@@ -121,7 +128,7 @@ class AsyncWorker:
         loop = self._loop
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop already closed
-                loop.call_soon_threadsafe(self._kick)
+                loop.call_soon_threadsafe(self._kick, True)
 
     @property
     def stopping(self) -> bool:
@@ -136,7 +143,9 @@ class AsyncWorker:
     async def run(self) -> bool:
         """:meth:`run_forever` on the running loop."""
         self._loop = asyncio.get_running_loop()
-        self._claim_wake, self._finish_wake = asyncio.Event(), asyncio.Event()
+        self._claim_wake, self._finish_wake, self._arrived = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        subscribe = getattr(self.transport, "on_arrival", None)
+        unsubscribe = subscribe(self._on_arrival) if subscribe is not None else None
         opts = self.options
         handlers = ThreadPoolExecutor(opts.threads, thread_name_prefix="handler")
         self._io = ThreadPoolExecutor(opts.io_threads, thread_name_prefix="io")
@@ -162,8 +171,10 @@ class AsyncWorker:
             await self._claimer(handlers)
             clean = await self._drain()
         finally:
+            if unsubscribe is not None:
+                unsubscribe()
             self._stopping.set()
-            self._kick()
+            self._kick(True)
             with contextlib.suppress(Exception):
                 await asyncio.gather(*side)
             self.renewer.close()
@@ -179,11 +190,24 @@ class AsyncWorker:
     async def _off(self, executor: Executor, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
 
-    def _kick(self) -> None:
-        """Something changed (a turn ended, a stop): wake the claimer and the finisher."""
-        for event in (self._claim_wake, self._finish_wake):
+    def _kick(self, stop: bool = False) -> None:
+        """Something changed (a turn ended, a stop): wake the claimer and the
+        finisher; at a stop, a claimer waiting for news as well."""
+        for event in (self._claim_wake, self._finish_wake, self._arrived if stop else None):
             if event is not None:
                 event.set()
+
+    def _on_arrival(self, rows: int | None) -> None:
+        """The transport told of new rows (its thread): wake the claimer on the loop."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                loop.call_soon_threadsafe(self._arrival, rows)
+
+    def _arrival(self, rows: int | None) -> None:
+        self._told = None if rows is None or self._told is None else self._told + rows
+        assert self._arrived is not None
+        self._arrived.set()
 
     @staticmethod
     async def _nap(event: asyncio.Event | None, seconds: float) -> None:
@@ -196,6 +220,12 @@ class AsyncWorker:
     # -- claim ------------------------------------------------------------------
     async def _claimer(self, handlers: Executor) -> None:
         backoff = Backoff()
+        #: After a wait that ended with news of ``told`` new turns: claim that
+        #: many (None: a full batch). Asking for more than are queued costs the
+        #: fair claim another pass, and so would a second claim to make sure:
+        #: rows the news missed (a retry coming due) wait for the poll, as they
+        #: did behind a dry claim.
+        told: int | None = None
         while not self.stopping:
             now = self.clock()
             self.limit.tick(now, len(self.running))
@@ -207,8 +237,18 @@ class AsyncWorker:
                 ramp = self.limit.ramp_in(now)
                 await self._nap(self._claim_wake, delay if delay > 0 else 1.0 if ramp is None else min(1.0, ramp))
                 continue
+            n = min(free, self.options.claim_batch if told is None else max(1, told))
+            # Asked for every turn the news told of: no need to look again before more news.
+            sized = told is not None and n >= told
+            if told is not None:
+                self.woken_claims += 1
+            told = None
+            if self._arrived is not None:
+                # News from here on may be of rows this claim misses: keep it.
+                self._arrived.clear()
+                self._told = 0
             try:
-                batch = await self._off(self._claims, self._claim, min(free, self.options.claim_batch))
+                batch = await self._off(self._claims, self._claim, n)
             except Exception as exc:
                 if not await self._claim_failed(exc, backoff):
                     return
@@ -219,13 +259,31 @@ class AsyncWorker:
                 self._start(c, handlers)
             if batch.claimed:
                 self._beat_soon()
-            if batch.dry and not self.stopping:
+                # The turns' tasks take their first step (a sync handler's
+                # hand-off to its thread) before the next claim goes out.
+                await asyncio.sleep(0)
+            if (batch.dry or sized) and not self.stopping:
                 # Not on the traffic thread: finished turns commit meanwhile.
                 try:
-                    await self._off(self._io, self._wait_for_work, 2 * len(self.running) < self.limit.limit)
+                    told = await self._await_work(2 * len(self.running) < self.limit.limit)
                 except Exception as exc:  # the wait reads the store too
                     if not await self._claim_failed(exc, backoff):
                         return
+
+    async def _await_work(self, idle: bool) -> int | None:
+        """Wait until the next claim is worth trying, after one that found the
+        queue dry; how many new turns the wake told of (None: unknown, or the
+        wait timed out). A transport that tells of new rows from a thread of
+        its own (PostgreSQL's LISTEN) wakes the loop directly; otherwise an io
+        thread waits (see :meth:`_wait_for_work`)."""
+        arrived = self._arrived
+        poll = getattr(self.transport, "arrival_poll_s", None)
+        if arrived is None or poll is None:
+            return await self._off(self._io, self._wait_for_work, idle)
+        if not arrived.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(arrived.wait(), timeout=min(self.options.get_wait_s, poll()))
+        return self._told if arrived.is_set() and self._told else None
 
     async def _claim_failed(self, exc: Exception, backoff: Backoff) -> bool:
         """Back off after a store error of the claim loop; False when it is one
@@ -238,19 +296,21 @@ class AsyncWorker:
         await self._nap(self._claim_wake, backoff.failed())
         return True
 
-    def _wait_for_work(self, idle: bool) -> None:
+    def _wait_for_work(self, idle: bool) -> int | None:
         """Until the next claim is worth trying, after one that found the queue
-        dry. An idle worker (fewer than half its slots busy) on a store that
-        tells a new submission cheaply claims it within milliseconds; a busy
-        one waits for the transport's poll, which batches the claims of a
-        stream of arrivals into a few statements instead of one each."""
+        dry (on an io thread); how many new turns the wake told of (None:
+        unknown). An idle worker (fewer than half its slots busy) on a store
+        that tells a new submission cheaply claims it within milliseconds; a
+        busy one waits for the transport's poll, which batches the claims of
+        a stream of arrivals into a few statements instead of one each."""
         wait_s = self.options.get_wait_s
         waker = getattr(self.store, "wait_for_submission", None)
         if idle and waker is not None:
             # At most the transport's own poll: a retry coming due is no new item.
-            waker(min(wait_s, getattr(self.transport, "poll_s", wait_s)))
-        else:
-            self.transport.wait(wait_s)
+            came = waker(min(wait_s, getattr(self.transport, "poll_s", wait_s)))
+            return came if isinstance(came, int) and came > 0 else None
+        self.transport.wait(wait_s)
+        return None
 
     def _claim(self, n: int) -> Batch:
         """Up to ``n`` turns; the deliveries settled instead are counted."""

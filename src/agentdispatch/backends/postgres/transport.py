@@ -12,7 +12,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -31,11 +31,24 @@ log = logging.getLogger("agentdispatch.backends.postgres.transport")
 
 
 class _Wakeup:
-    """A generation counter: waiters return when it moves or on timeout."""
+    """A generation counter: waiters return when it moves or on timeout.
+    Subscribers are called at each move instead (an event loop waits on its
+    own thread rather than parking one of ours)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._gen = 0
+        self._subscribers: list[Callable[[int | None], None]] = []
+
+    def subscribe(self, fn: Callable[[int | None], None]) -> Callable[[], None]:
+        with self._cond:
+            self._subscribers.append(fn)
+
+        def unsubscribe() -> None:
+            with self._cond, contextlib.suppress(ValueError):
+                self._subscribers.remove(fn)
+
+        return unsubscribe
 
     def generation(self) -> int:
         with self._cond:
@@ -51,6 +64,12 @@ class _Wakeup:
                 self._cond.notify_all()
             else:
                 self._cond.notify(waiters)
+            subscribers = list(self._subscribers)
+        for fn in subscribers:
+            try:
+                fn(waiters)
+            except Exception:  # a subscriber's failure must not stop the listener
+                log.exception("a queue wake subscriber failed")
 
     def wait(self, seen: int, timeout: float) -> None:
         with self._cond:
@@ -213,6 +232,21 @@ class PostgresTransport:
             seen = self._last_seen if self._last_seen is not None else self._wake.generation()
         poll = self.poll_s if listener is not None and listener.healthy else self.fallback_poll_s
         self._wake.wait(seen, min(poll, max(0.0, timeout_s)))
+
+    def on_arrival(self, fn: Callable[[int | None], None]) -> Callable[[], None]:
+        """Call ``fn`` on the listener's thread at each notification, with how
+        many rows it told of (None: unknown, such as after a reconnect); returns
+        the unsubscribe. A hint, as for :meth:`wait`: poll every
+        :meth:`arrival_poll_s` as well."""
+        self._ensure_listener()
+        return self._wake.subscribe(fn)
+
+    def arrival_poll_s(self) -> float:
+        """How long a waiter on :meth:`on_arrival` may go without a claim: the
+        poll interval, shorter while no LISTEN is in effect (PgBouncer in
+        transaction mode, the listener reconnecting)."""
+        listener = self._listener
+        return self.poll_s if listener is not None and listener.healthy else self.fallback_poll_s
 
     def ack(self, delivery: Delivery) -> bool:
         return self.ack_many([delivery])[0]

@@ -512,9 +512,10 @@ class SqliteStore:
             # The begins' leases renewed by one statement, as the renewer does.
             return ledger_batch(tx, ops, renew=lambda leases, ttl_s: self.renew_on(tx.c, leases, ttl_s))
 
-    def wait_for_submission(self, timeout_s: float, *, every_s: float = 0.002) -> bool:
-        """Until an item is submitted to this file, by any process (True), or
-        ``timeout_s`` passes (False). A read of the last sequence number every
+    def wait_for_submission(self, timeout_s: float, *, every_s: float = 0.002) -> int:
+        """Until an item is submitted to this file, by any process, or
+        ``timeout_s`` passes: how many items were submitted since the last
+        look (0: none came). A read of the last sequence number every
         ``every_s``: it takes no lock in WAL mode, and neither commits nor
         renewals move it, only new items. One caller at a time (a worker's
         claimer); it remembers what it saw, so a submission that landed while
@@ -526,11 +527,11 @@ class SqliteStore:
             if self._seen_seq is None:
                 self._seen_seq = last
             if last > self._seen_seq:
-                self._seen_seq = last
-                return True
+                came, self._seen_seq = last - self._seen_seq, last
+                return came
             left = deadline - time.monotonic()
             if left <= 0:
-                return False
+                return 0
             time.sleep(min(every_s, left))
 
     def cancelled_since(self, since: float) -> tuple[float, list[str]]:
