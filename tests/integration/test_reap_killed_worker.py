@@ -6,11 +6,9 @@ worker keeps its leases."""
 
 from __future__ import annotations
 
-import os
 import signal
 import sqlite3
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -21,19 +19,9 @@ from agentdispatch import Status, Submission
 from agentdispatch.reconciler import reap_dead_workers
 from backends import Harness, postgres_harness, sqlite_harness
 from contract.helpers import wait_until
+from runtimekit import runtime_worker, sink_lines
 
-APPS = Path(__file__).parent.parent / "apps"
 TTL = {"AGENT_DISPATCH_CLAIM_TTL_S": "280", "AGENT_DISPATCH_RENEW_INTERVAL_S": "5"}
-
-
-def _worker(env: dict[str, str]) -> subprocess.Popen[bytes]:
-    full = {**os.environ, **env, "PYTHONPATH": f"{APPS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, "-m", "agentdispatch", "worker", "--concurrency", "50", "--app", "runtime_app:registry"]
-    return subprocess.Popen(cmd, env=full, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-def _lines(sink: Path, word: str) -> list[str]:
-    return [ln.split()[1] for f in sink.glob("*.log") for ln in f.read_text().splitlines() if ln.startswith(word)]
 
 
 def _stop(p: subprocess.Popen[bytes]) -> None:
@@ -51,8 +39,8 @@ def _twenty_running(h: Harness, sink: Path, env: dict[str, str], workers: list[s
     """Twenty turns, each in a session of its own, running in a new worker."""
     d = h.dispatcher()
     jobs = [d.submit(Submission(kind="think", tenant="t", session_id=f"s{i}")).job_id for i in range(20)]
-    workers.append(_worker(env))
-    wait_until(lambda: sorted(_lines(sink, "start")) == sorted(jobs), timeout=60)
+    workers.append(runtime_worker(env))
+    wait_until(lambda: sorted(sink_lines(sink, "start")) == sorted(jobs), timeout=60)
     return jobs
 
 
@@ -66,16 +54,16 @@ def test_a_killed_workers_turns_run_again_at_once(tmp_path: Path, build: Callabl
     try:
         jobs = _twenty_running(h, sink, env, workers)
         first = workers[0]
-        paused = _worker(env)  # a second worker, paused: alive, so its leases stay
+        paused = runtime_worker(env)  # a second worker, paused: alive, so its leases stay
         workers.append(paused)
         wait_until(lambda: len(h.store.workers()) == 2, timeout=60)
         paused.send_signal(signal.SIGSTOP)
         first.kill()
         first.wait()
 
-        workers.append(_worker({**env, "RUNTIME_APP_FAST": "1"}))
+        workers.append(runtime_worker({**env, "RUNTIME_APP_FAST": "1"}))
         wait_until(lambda: all(h.store.get(j, "t").status is Status.SUCCEEDED for j in jobs), timeout=120)
-        assert sorted(_lines(sink, "effect")) == sorted(jobs)  # each effect once
+        assert sorted(sink_lines(sink, "effect")) == sorted(jobs)  # each effect once
         assert {h.store.get(j, "t").attempt for j in jobs} == {2}
         alive = {w.worker_id for w in h.store.workers()}
         assert len(alive) == 2  # the killed worker's row went; the paused one's stayed
@@ -104,13 +92,13 @@ def test_a_worker_restarted_under_its_name_takes_over_at_once(tmp_path: Path) ->
             conn.execute("UPDATE dispatch_workers SET process = ''")
         # Another name changes nothing: the turns stay with the dead worker.
         assert reap_dead_workers(cast(Any, h.store), h.transport).total == 0
-        workers.append(_worker({**env, "RUNTIME_APP_FAST": "1", "AGENT_DISPATCH_WORKER_NAME": "pod-1"}))
+        workers.append(runtime_worker({**env, "RUNTIME_APP_FAST": "1", "AGENT_DISPATCH_WORKER_NAME": "pod-1"}))
         wait_until(lambda: len(h.store.workers()) == 2, timeout=60)
         assert {h.store.get(j, "t").attempt for j in jobs} == {1}
 
-        workers.append(_worker({**env, "RUNTIME_APP_FAST": "1"}))
+        workers.append(runtime_worker({**env, "RUNTIME_APP_FAST": "1"}))
         wait_until(lambda: all(h.store.get(j, "t").status is Status.SUCCEEDED for j in jobs), timeout=120)
-        assert sorted(_lines(sink, "effect")) == sorted(jobs)
+        assert sorted(sink_lines(sink, "effect")) == sorted(jobs)
         assert row.worker_id not in {w.worker_id for w in h.store.workers()}
     finally:
         for w in workers:

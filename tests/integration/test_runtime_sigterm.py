@@ -5,28 +5,19 @@ committed falsely."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from agentdispatch import Status, Submission
 from backends import sqlite_harness
 from contract.helpers import wait_until
-
-APPS = Path(__file__).parent.parent / "apps"
+from runtimekit import runtime_worker, sink_lines
 
 
 def _worker(env: dict[str, str], *extra: str) -> subprocess.Popen[bytes]:
-    full = {**os.environ, **env, "PYTHONPATH": f"{APPS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, "-m", "agentdispatch", "worker", "--concurrency", "50", "--app", "runtime_app:registry"]
-    return subprocess.Popen([*cmd, *extra], env=full, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
-def _lines(sink: Path, word: str) -> list[str]:
-    return [ln.split()[1] for f in sink.glob("*.log") for ln in f.read_text().splitlines() if ln.startswith(word)]
+    return runtime_worker(env, *extra, stderr=subprocess.PIPE)
 
 
 def test_sigterm_releases_turns_in_flight_to_another_worker(tmp_path: Path) -> None:
@@ -39,7 +30,7 @@ def test_sigterm_releases_turns_in_flight_to_another_worker(tmp_path: Path) -> N
         d = h.dispatcher()
         jobs = [d.submit(Submission(kind="think", tenant="t")).job_id for _ in range(20)]
         first = _worker(env, "--grace", "1")
-        wait_until(lambda: len(_lines(sink, "start")) == len(jobs), timeout=60)
+        wait_until(lambda: len(sink_lines(sink, "start")) == len(jobs), timeout=60)
         first.send_signal(signal.SIGTERM)
         _, err = first.communicate(timeout=60)
         assert first.returncode == 0, err.decode()
@@ -47,7 +38,7 @@ def test_sigterm_releases_turns_in_flight_to_another_worker(tmp_path: Path) -> N
         for job in jobs:  # nothing committed: every turn is still to do
             item = h.store.get(job, "t")
             assert item.status in (Status.RUNNING, Status.READY) and item.result is None
-        assert _lines(sink, "effect") == []
+        assert sink_lines(sink, "effect") == []
 
         second = _worker({**env, "RUNTIME_APP_FAST": "1"}, "--grace", "5")
         try:
@@ -55,7 +46,7 @@ def test_sigterm_releases_turns_in_flight_to_another_worker(tmp_path: Path) -> N
         finally:
             second.send_signal(signal.SIGTERM)
             second.communicate(timeout=60)
-        assert sorted(_lines(sink, "effect")) == sorted(jobs)  # each effect once
+        assert sorted(sink_lines(sink, "effect")) == sorted(jobs)  # each effect once
     finally:
         h.close()
 
@@ -69,7 +60,7 @@ def test_a_sync_handler_past_the_grace_does_not_hold_the_process(tmp_path: Path)
         job = h.dispatcher().submit(Submission(kind="block", tenant="t")).job_id
         worker = _worker(env, "--grace", "1")
         try:
-            wait_until(lambda: _lines(sink, "start") == [job], timeout=60)
+            wait_until(lambda: sink_lines(sink, "start") == [job], timeout=60)
             worker.send_signal(signal.SIGTERM)
             # The handler sleeps an hour: only an exit that abandons it ends in time.
             _, err = worker.communicate(timeout=60)

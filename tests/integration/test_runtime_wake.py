@@ -22,13 +22,18 @@ from contract.test_runtime import running
 POLL_S = 10.0
 
 
-@pytest.mark.parametrize("build", [sqlite_harness, postgres_harness], ids=["sqlite", "postgres"])
-def test_an_idle_worker_claims_what_the_wake_told_of(build: Callable[..., Harness], tmp_path: Path) -> None:
-    h = build(tmp_path)
+def _slow_polling(h: Harness) -> Harness:
+    """``h`` with its transport polling every ``POLL_S`` (LISTEN or not)."""
     transport: Any = h.transport
     transport.poll_s = POLL_S
     if hasattr(transport, "fallback_poll_s"):
         transport.fallback_poll_s = POLL_S
+    return h
+
+
+@pytest.mark.parametrize("build", [sqlite_harness, postgres_harness], ids=["sqlite", "postgres"])
+def test_an_idle_worker_claims_what_the_wake_told_of(build: Callable[..., Harness], tmp_path: Path) -> None:
+    h = _slow_polling(build(tmp_path))
     reg = Registry()
     started: list[str] = []
 
@@ -95,11 +100,7 @@ def test_news_of_more_turns_than_free_slots_is_not_left_to_the_poll(
 ) -> None:
     # One slot, three turns told of at once: the claimer takes one, then the
     # next as each turn ends, without a wait for news that ends at the poll.
-    h = build(tmp_path)
-    transport: Any = h.transport
-    transport.poll_s = POLL_S
-    if hasattr(transport, "fallback_poll_s"):
-        transport.fallback_poll_s = POLL_S
+    h = _slow_polling(build(tmp_path))
     reg = Registry()
 
     @reg.register("agent")

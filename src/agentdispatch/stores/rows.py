@@ -6,8 +6,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from ..envelope import Envelope
 from ..workitem import Status, WorkItem
-from .base import Effect, Schedule, WorkerRow
+from .base import Effect, OutboxRow, Schedule, WorkerRow
 
 _STATUS = {s.value: s for s in Status}
 
@@ -197,3 +198,8 @@ def advance_params(s: Schedule, next_at: float, last_tick: float, last_job_id: s
         "last_tick": last_tick,
         "last_job_id": last_job_id,
     }
+
+
+def outbox_row_of(row: Mapping[str, Any]) -> OutboxRow:
+    """An ``agent_dispatch_queue`` row read as the outbox of an external transport."""
+    return OutboxRow(int(row["id"]), Envelope.from_json(row["envelope"]), int(row["item_seq"]))

@@ -31,7 +31,7 @@ from ...stores.base import (
     WorkerRow,
 )
 from ...workitem import Lease, Outcome, Status, WorkItem
-from .db import Clock, MemoryDb, Tables
+from .db import Clock, MemoryDb, QueueRow, Tables
 from .tx import MemoryTx
 
 
@@ -394,7 +394,7 @@ class MemoryStore:
     def outbox_take(self, limit: int) -> list[OutboxRow]:
         with self.db.read() as t:
             rows = sorted(t.queue.values(), key=lambda r: r.id)[:limit]
-        return [OutboxRow(r.id, Envelope.from_json(r.envelope), r.item_seq) for r in rows]
+        return [_outbox_row(r) for r in rows]
 
     def outbox_lease(self, owner: str, limit: int, hold_s: float) -> list[OutboxRow]:
         with self.db.tx() as t:
@@ -406,7 +406,7 @@ class MemoryStore:
             ][:limit]
             for r in free:
                 t.queue[r.id] = replace(r, claimed_by=owner, claimed_at=now)
-        return [OutboxRow(r.id, Envelope.from_json(r.envelope), r.item_seq) for r in free]
+        return [_outbox_row(r) for r in free]
 
     def outbox_done(self, row_ids: Sequence[int]) -> None:
         with self.db.tx() as t:
@@ -416,3 +416,7 @@ class MemoryStore:
 
 def _evolve_schedule(s: Schedule, **changes: Any) -> Schedule:
     return replace(s, **changes)
+
+
+def _outbox_row(row: QueueRow) -> OutboxRow:
+    return OutboxRow(row.id, Envelope.from_json(row.envelope), row.item_seq)

@@ -20,7 +20,6 @@ from typing import Any, TypeVar
 import psycopg
 
 from ... import workitem as wi
-from ...envelope import Envelope
 from ...errors import JobNotFound, LeaseLost, TaskQueueUnavailable
 from ...stores import engine, schema
 from ...stores.base import (
@@ -44,6 +43,7 @@ from ...stores.rows import (
     advance_params,
     effect_from_row,
     item_from_row,
+    outbox_row_of,
     schedule_from_row,
     schedule_params,
     worker_from_row,
@@ -545,13 +545,12 @@ class PostgresStore:
 
     def outbox_take(self, limit: int) -> list[OutboxRow]:
         rows = self.db.read(lambda c: c.execute(Q["outbox_take"], {"limit": limit}).fetchall())
-        return [OutboxRow(int(r["id"]), Envelope.from_json(r["envelope"]), int(r["item_seq"])) for r in rows]
+        return [outbox_row_of(r) for r in rows]
 
     def outbox_lease(self, owner: str, limit: int, hold_s: float) -> list[OutboxRow]:
         params = {"owner": owner, "limit": limit, "hold": hold_s}
         rows = self.db.run(lambda c: c.execute(Q["outbox_lease"], params).fetchall())
-        out = [OutboxRow(int(r["id"]), Envelope.from_json(r["envelope"]), int(r["item_seq"])) for r in rows]
-        return sorted(out, key=lambda r: r.id)
+        return sorted((outbox_row_of(r) for r in rows), key=lambda r: r.id)
 
     def outbox_done(self, row_ids: Sequence[int]) -> None:
         ids = list(row_ids)

@@ -226,12 +226,11 @@ class PostgresTransport:
     def wait(self, timeout_s: float) -> None:
         """Until a notification arrives after this thread's last empty get, or
         the next poll is due (at most ``timeout_s``)."""
-        listener = self._ensure_listener()
+        self._ensure_listener()
         seen = getattr(self._local, "seen", None)
         if seen is None:
             seen = self._last_seen if self._last_seen is not None else self._wake.generation()
-        poll = self.poll_s if listener is not None and listener.healthy else self.fallback_poll_s
-        self._wake.wait(seen, min(poll, max(0.0, timeout_s)))
+        self._wake.wait(seen, min(self.arrival_poll_s(), max(0.0, timeout_s)))
 
     def on_arrival(self, fn: Callable[[int | None], None]) -> Callable[[], None]:
         """Call ``fn`` on the listener's thread at each notification, with how

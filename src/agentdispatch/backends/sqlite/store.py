@@ -42,6 +42,7 @@ from ...stores.rows import (
     insert_params,
     item_from_row,
     mutable_params,
+    outbox_row_of,
     schedule_from_row,
     schedule_params,
     worker_from_row,
@@ -632,14 +633,13 @@ class SqliteStore:
 
     def outbox_take(self, limit: int) -> list[OutboxRow]:
         rows = self.db.conn().execute(Q["outbox_take"], (limit,))
-        return [OutboxRow(int(r["id"]), Envelope.from_json(r["envelope"]), int(r["item_seq"])) for r in rows]
+        return [outbox_row_of(r) for r in rows]
 
     def outbox_lease(self, owner: str, limit: int, hold_s: float) -> list[OutboxRow]:
         with self._tx() as tx:
             params = {"owner": owner, "now": tx.now(), "hold": hold_s, "limit": limit}
             rows = tx.c.execute(Q["outbox_lease"], params).fetchall()
-        out = [OutboxRow(int(r["id"]), Envelope.from_json(r["envelope"]), int(r["item_seq"])) for r in rows]
-        return sorted(out, key=lambda r: r.id)
+        return sorted((outbox_row_of(r) for r in rows), key=lambda r: r.id)
 
     def outbox_done(self, row_ids: Sequence[int]) -> None:
         with self._tx() as tx:
