@@ -22,9 +22,9 @@ FAST = {"claim_ttl_s": 3.0, "renew_interval_s": 0.3}
 
 
 @contextmanager
-def running(harness, registry: Registry, **options) -> Iterator[AsyncWorker]:
+def running(harness, registry: Registry, store=None, **options) -> Iterator[AsyncWorker]:
     opts = RuntimeOptions(**{"get_wait_s": 0.05, "heartbeat_s": 1.0, "grace_s": 5.0, **options})
-    worker = AsyncWorker(harness.settings, harness.store, harness.transport, registry, options=opts)
+    worker = AsyncWorker(harness.settings, store or harness.store, harness.transport, registry, options=opts)
     result: list[bool] = []
     thread = threading.Thread(target=lambda: result.append(worker.run_forever()), daemon=True)
     thread.start()
@@ -156,6 +156,55 @@ def test_cancel_mid_await_cancels_the_task_and_fences_the_late_commit(make_harne
         pass
     else:
         raise AssertionError("the late commit was not fenced")
+
+
+class _LatePoll:
+    """The real store, with the worker's first cancellation poll held until
+    the test lets it go: a read that waited for a connection or the CPU."""
+
+    def __init__(self, store) -> None:
+        self._store = store
+        self.polled = threading.Event()
+        self.go = threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def cancelled_since(self, since: float) -> tuple[float, list[str]]:
+        if not self.polled.is_set():
+            self.polled.set()
+            assert self.go.wait(30)
+        return self._store.cancelled_since(since)
+
+
+def test_a_cancellation_made_while_the_first_poll_waits_still_stops_the_turn(make_harness, monkeypatch):
+    # No lookback: only the claim time can put the cancellation inside the window.
+    monkeypatch.setattr("agentdispatch.runtime.worker.CANCEL_LOOKBACK_S", 0.0)
+    harness = make_harness(claim_ttl_s=120.0, renew_interval_s=60.0)
+    store = _LatePoll(harness.store)
+    started = threading.Event()
+    cancelled = threading.Event()
+    reg = Registry()
+
+    @reg.register("agent")
+    async def agent(turn, guard):
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    job = harness.dispatcher().submit(Submission(kind="agent", tenant="t"))
+    with running(harness, reg, store=store, concurrency=4, cancel_poll_s=0.05) as worker:
+        assert started.wait(30)
+        assert store.polled.wait(30)
+        harness.dispatcher().cancel(job.job_id, "t")
+        store.go.set()
+        assert cancelled.wait(30), "the running task was not cancelled"
+        assert worker.renewer.calls == 0
+        wait_until(lambda: worker.ended[TurnEnd.FENCED] == 1)
+    assert harness.store.get(job.job_id, "t").status is Status.CANCELLED
 
 
 @pytest.mark.parametrize("where", ["kind", "submission"])

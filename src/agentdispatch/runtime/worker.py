@@ -88,6 +88,8 @@ class AsyncWorker:
         self.running: set[Running] = set()
         #: The running turns by job id (cancellations arrive as job ids).
         self._by_job: dict[str, Running] = {}
+        #: The earliest claim (database time) of the turns started since the last cancellation poll.
+        self._claimed_since: float | None = None
         #: The error that stopped the worker, if any (the process exits non-zero).
         self.fatal: BaseException | None = None
         self._beat_lock = threading.Lock()
@@ -343,6 +345,9 @@ class AsyncWorker:
         self.metrics.attempts.observe(item.attempt)
         self.running.add(r)
         self._by_job[item.id] = r
+        # Database time of the claim: a cancellation can come any time after it.
+        claimed = lease.expires_at - self.settings.claim_ttl_s
+        self._claimed_since = claimed if self._claimed_since is None else min(self._claimed_since, claimed)
         self.renewer.add(guard)
         r.task = asyncio.create_task(self._turn(r, handlers), name=f"turn-{item.id}")
 
@@ -469,8 +474,14 @@ class AsyncWorker:
         while not self.stopping:
             await self._nap_stop(every)
             if self.stopping or not self._by_job:
-                since = None  # nothing to stop: start afresh from the next poll's clock
+                since = None  # nothing to stop: the next turn's claim sets the start
                 continue
+            # From the last poll's clock, or from the claim of a turn started
+            # since, whichever is earlier: a poll's read can wait (for a
+            # connection, for the CPU) longer than the lookback, and a
+            # cancellation made meanwhile must not fall before its window.
+            fresh, self._claimed_since = self._claimed_since, None
+            since = fresh if since is None else since if fresh is None else min(since, fresh)
             try:
                 if since is None:
                     since = (await self._off(self._io, self.store.cancelled_since, float("inf")))[0]
