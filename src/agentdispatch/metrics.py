@@ -22,6 +22,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from .fleet import LIVE_FOR_S
+from .stores.base import Horizon
 
 if TYPE_CHECKING:
     from .stores.base import Fleet
@@ -185,6 +186,14 @@ class FleetCollector:
             dead.add_metric([tenant], n_dead)
             oldest.add_metric([tenant], max(0.0, now - stamp) if n_dead else 0.0)
         yield from (depth, workers, capacity, tenant_depth, in_flight, dead, oldest)
+        if isinstance(store, Horizon):
+            held = store.oldest_snapshot()
+            xmin = GaugeMetricFamily(
+                PREFIX + "oldest_xmin_age_seconds",
+                "Age of the oldest open transaction of the PostgreSQL database (it keeps vacuum from cleaning up)",
+            )
+            xmin.add_metric([], held.age_s if held is not None else 0.0)
+            yield xmin
 
 
 def _family(name: str, doc: str) -> GaugeMetricFamily:

@@ -13,6 +13,7 @@ from .dispatch import Dispatcher
 from .errors import AgentDispatchError
 from .faults import recoverable
 from .fleet import INCARNATION, earlier_incarnations, process_gone
+from .horizon import HorizonWatch
 from .policy import sweep_every
 from .schedules import FIRE_EVERY_S, Schedules
 from .settings import Settings, load_settings
@@ -101,6 +102,7 @@ class Reconciler:
         self.settings = settings
         self.every = sweep_every(ttl_s)
         self._schedules: Schedules | None = None
+        self._horizon: HorizonWatch | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
         self.passes = 0
@@ -129,6 +131,7 @@ class Reconciler:
                 self.passes += 1
                 if report.total:
                     log.info("reconciler repaired %s", report)
+                self._watch_horizon()
             except Exception as exc:  # the thread must outlive any failed pass: it is the process's recovery
                 if recoverable(exc):
                     log.warning("reconciler pass failed: %s", exc)
@@ -143,6 +146,12 @@ class Reconciler:
                 log.warning("reaping dead workers failed: %s", exc)
             else:
                 log.exception("reaping dead workers failed")
+
+    def _watch_horizon(self) -> None:
+        if self._horizon is None:
+            settings = self.settings if self.settings is not None else load_settings()
+            self._horizon = HorizonWatch(self.store, settings.pg_xmin_alert_s)
+        self._horizon.check()
 
     def _fire(self) -> None:
         try:

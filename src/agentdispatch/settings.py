@@ -95,6 +95,9 @@ class Settings(BaseSettings):
     #: A bearer credential for ``GET /metrics`` that sees every tenant (an
     #: operator's Prometheus); at least 32 characters.
     metrics_token: SecretStr | None = Field(default=None, alias="AGENT_DISPATCH_METRICS_TOKEN")
+    #: Workers warn when a PostgreSQL transaction has been open this long
+    #: (it keeps vacuum from cleaning the queue); 0 turns the warning off.
+    pg_xmin_alert_s: float = Field(default=120.0, ge=0, alias="AGENT_DISPATCH_PG_XMIN_ALERT_S")
     #: ``text`` (the default) or ``json``: one JSON object per log line.
     log_format: LogFormat = Field(default=LogFormat.TEXT, alias="AGENT_DISPATCH_LOG_FORMAT")
 

@@ -109,7 +109,7 @@ class Worker:
         hb = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         hb.start()
         self._reconciler = (
-            Reconciler(self.store, self.transport, self.settings.claim_ttl_s).start()
+            Reconciler(self.store, self.transport, self.settings.claim_ttl_s, self.settings).start()
             if self.options.reconcile
             else None
         )

@@ -158,8 +158,9 @@ class AsyncWorker:
         # deadlocks); on SQLite they queue for the one writer anyway.
         self._claims = self._commits = ThreadPoolExecutor(1, thread_name_prefix="traffic")
         self.renewer.start()
+        settings = self.settings
         reconciler = (
-            Reconciler(self.store, self.transport, self.settings.claim_ttl_s).start() if opts.reconcile else None
+            Reconciler(self.store, self.transport, settings.claim_ttl_s, settings).start() if opts.reconcile else None
         )
         await self._off(self._io, take_over_at_start, self.store, self.transport, self.worker_id)
         await self._off(self._io, self._beat)

@@ -224,6 +224,18 @@ class TenantCount:
     oldest: float
 
 
+@dataclass(frozen=True)
+class OldestSnapshot:
+    """The transaction holding back a PostgreSQL database's cleanup horizon
+    longest: while it is open, no dead row of the queue can be vacuumed."""
+
+    age_s: float
+    #: Its backend's pid (None: a prepared transaction, which has no session).
+    pid: int | None
+    #: ``idle in transaction``, ``active``, ... or ``prepared``.
+    state: str
+
+
 @dataclass
 class SweepReport:
     """What one reconciler pass did."""
@@ -406,6 +418,14 @@ class Fleet(Protocol):
 
     def fleet_counts(self) -> list[TenantCount]:
         """Open and dead-lettered items per tenant and status (every tenant)."""
+
+
+@runtime_checkable
+class Horizon(Protocol):
+    """A store whose database keeps dead rows while any snapshot is open (PostgreSQL)."""
+
+    def oldest_snapshot(self) -> OldestSnapshot | None:
+        """The oldest open transaction of the database, other than the caller's."""
 
 
 class Tokens(Protocol):

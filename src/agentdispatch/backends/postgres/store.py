@@ -32,6 +32,7 @@ from ...stores.base import (
     LedgerAnswer,
     LedgerOp,
     NewJob,
+    OldestSnapshot,
     OutboxRow,
     Schedule,
     SweepReport,
@@ -331,6 +332,10 @@ class PostgresStore:
     def fleet_counts(self) -> list[TenantCount]:
         rows = self.db.read(lambda c: c.execute(Q["fleet_counts"]).fetchall())
         return [TenantCount(r["tenant"], r["status"], int(r["n"]), float(r["oldest"])) for r in rows]
+
+    def oldest_snapshot(self) -> OldestSnapshot | None:
+        row = self.db.read(lambda c: c.execute(Q["oldest_snapshot"]).fetchone())
+        return None if row is None else OldestSnapshot(float(row["age_s"]), row["pid"], str(row["state"]))
 
     def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
         def q(conn: Conn) -> dict[str, Any]:

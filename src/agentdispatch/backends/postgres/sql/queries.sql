@@ -303,6 +303,22 @@ SELECT tenant, status, count(*) AS n, min(COALESCE(completed_at, updated_at)) AS
 FROM work_items WHERE status IN ('submitted', 'ready', 'leased', 'running', 'dead_letter')
 GROUP BY tenant, status
 
+-- name: oldest_snapshot
+-- The open transaction of this database holding back its cleanup horizon
+-- longest: a snapshot (backend_xmin) or a written, uncommitted row (backend_xid)
+-- keeps every row deleted after it from being vacuumed. Prepared transactions
+-- have no session. Another role's sessions show a null xact_start unless this
+-- role has pg_read_all_stats (or pg_monitor); they are then not seen.
+SELECT age_s, pid, state FROM (
+    SELECT extract(epoch FROM clock_timestamp() - xact_start)::float8 AS age_s, pid, coalesce(state, '') AS state
+    FROM pg_stat_activity
+    WHERE datname = current_database() AND pid <> pg_backend_pid() AND xact_start IS NOT NULL
+      AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+    UNION ALL
+    SELECT extract(epoch FROM clock_timestamp() - prepared)::float8, NULL, 'prepared'
+    FROM pg_prepared_xacts WHERE database = current_database()
+) AS open ORDER BY age_s DESC LIMIT 1
+
 -- name: events_of
 SELECT at, event, status, attempt, epoch, detail FROM work_events WHERE job_id = %(id)s ORDER BY id
 

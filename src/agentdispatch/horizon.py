@@ -1,0 +1,51 @@
+"""Warn when a PostgreSQL transaction holds back the database's cleanup
+horizon (reliability scenario 15). A forgotten REPEATABLE READ session, a
+stuck migration or a paused client keeps every dead queue row from being
+vacuumed, and claims slow down behind the bloat long before anything fails.
+The fleet gauge ``oldest_xmin_age_seconds`` lets Prometheus alert on it; a
+worker also says so in its log."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from .stores.base import Horizon
+
+log = logging.getLogger("agentdispatch.horizon")
+#: How often a worker reads the horizon: one cheap catalog read.
+CHECK_EVERY_S = 30.0
+
+
+class HorizonWatch:
+    """Logs a warning once the oldest open transaction is ``alert_s`` old,
+    and once more when it ended; :meth:`check` may be called as often as
+    convenient (it reads the store at most every :data:`CHECK_EVERY_S`)."""
+
+    def __init__(self, store: object, alert_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.store = store if isinstance(store, Horizon) and alert_s > 0 else None
+        self.alert_s = alert_s
+        self.clock = clock
+        self.held = False
+        self._next = 0.0
+
+    def check(self) -> None:
+        """Read the horizon if due; store errors reach the caller."""
+        now = self.clock()
+        if self.store is None or now < self._next:
+            return
+        self._next = now + CHECK_EVERY_S
+        oldest = self.store.oldest_snapshot()
+        held = oldest is not None and oldest.age_s >= self.alert_s
+        if held and not self.held and oldest is not None:
+            who = "a prepared transaction" if oldest.pid is None else f"backend pid {oldest.pid} ({oldest.state})"
+            log.warning(
+                "%s has held a transaction open for %.0f s: PostgreSQL cannot vacuum the queue's dead rows "
+                "meanwhile, and claims slow down; end it (pg_terminate_backend, or COMMIT/ROLLBACK PREPARED)",
+                who,
+                oldest.age_s,
+            )
+        elif self.held and not held:
+            log.info("the long-open PostgreSQL transaction ended; vacuum can clean up again")
+        self.held = held

@@ -1,0 +1,162 @@
+"""Reliability scenario 15: a transaction left open on PostgreSQL keeps vacuum
+from cleaning the queue. It shows in the fleet gauge, a worker warns of it,
+and the worker itself never keeps a transaction open across a model call."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import psycopg
+import pytest
+
+from agentdispatch import Registry, Status, Submission
+from agentdispatch.horizon import CHECK_EVERY_S, HorizonWatch
+from agentdispatch.metrics import FleetCollector
+from agentdispatch.runtime import AsyncWorker, RuntimeOptions
+from backends import Harness, fresh_pg_database, pg_harness_at
+from contract.helpers import wait_until
+
+GAUGE = "agent_utilities_dispatch_oldest_xmin_age_seconds"
+
+
+@pytest.fixture
+def pg() -> Iterator[Harness]:
+    """A database of its own: the horizon is the whole database's, and other
+    tests' sessions share the default one."""
+    cleanup: list[Callable[[], None]] = []
+    uri = fresh_pg_database(cleanup)
+
+    def drop() -> None:
+        for fn in cleanup:
+            fn()
+
+    h = pg_harness_at(uri, drop)
+    h.uri = uri  # type: ignore[attr-defined]
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+def _gauge(pg) -> float:
+    collector = FleetCollector(lambda: (pg.store, pg.transport))
+    values = {s.name: s.value for f in collector.collect() for s in f.samples}
+    return values[GAUGE]
+
+
+@contextmanager
+def repeatable_read(uri: str) -> Iterator[int]:
+    """A REPEATABLE READ transaction holding its snapshot: its backend's pid."""
+    with psycopg.connect(uri) as conn:
+        conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+        assert row is not None
+        yield int(row[0])
+        conn.rollback()
+
+
+def _age_of(pg, pid: int) -> float:
+    with psycopg.connect(pg.uri) as conn:
+        row = conn.execute(
+            "SELECT extract(epoch FROM clock_timestamp() - xact_start)::float8 FROM pg_stat_activity WHERE pid = %s",
+            (pid,),
+        ).fetchone()
+    assert row is not None
+    return float(row[0])
+
+
+def test_the_gauge_shows_how_long_a_transaction_has_held_the_horizon(pg) -> None:
+    assert _gauge(pg) == 0.0
+    with repeatable_read(pg.uri) as pid:
+        before = _age_of(pg, pid)
+        held = _gauge(pg)
+        after = _age_of(pg, pid)
+        assert before <= held <= after
+        snapshot = pg.store.oldest_snapshot()
+        assert snapshot is not None and snapshot.pid == pid and snapshot.state == "idle in transaction"
+    assert pg.store.oldest_snapshot() is None
+    assert _gauge(pg) == 0.0
+
+
+def test_a_worker_warns_once_while_it_lasts_and_says_when_it_ended(pg, caplog) -> None:
+    now = [0.0]
+    watch = HorizonWatch(pg.store, alert_s=0.001, clock=lambda: now[0])
+    caplog.set_level(logging.INFO, logger="agentdispatch.horizon")
+    with repeatable_read(pg.uri) as pid:
+        wait_until(lambda: _age_of(pg, pid) > 0.001)
+        watch.check()
+        now[0] += CHECK_EVERY_S
+        watch.check()
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and f"pid {pid}" in warnings[0].getMessage()
+    watch.check()  # not due yet: no read
+    assert not [r for r in caplog.records if "ended" in r.getMessage()]
+    now[0] += CHECK_EVERY_S
+    watch.check()
+    assert [r.levelno for r in caplog.records if "ended" in r.getMessage()] == [logging.INFO]
+
+
+def test_no_alert_reads_the_store_when_turned_off_or_on_sqlite(pg, tmp_path) -> None:
+    from backends import sqlite_harness
+
+    assert HorizonWatch(pg.store, alert_s=0.0).store is None
+    h = sqlite_harness(tmp_path / "s")
+    try:
+        assert HorizonWatch(h.store, alert_s=60.0).store is None
+        families = {f.name for f in FleetCollector(lambda: (h.store, h.transport)).collect()}
+        assert GAUGE.removesuffix("_seconds") not in families and "agent_utilities_dispatch_workers" in families
+    finally:
+        h.close()
+
+
+@pytest.mark.parametrize("effect_first", [True, False])
+def test_no_transaction_stays_open_across_a_model_call(pg, effect_first: bool) -> None:
+    in_call, answer = threading.Event(), threading.Event()
+    reg = Registry()
+
+    async def send() -> str:
+        return "sent"
+
+    @reg.register("agent")
+    async def agent(turn, guard):
+        if effect_first:
+            await guard.side_effect_async("tool", send)
+        guard.checkpoint({"step": 1})
+        in_call.set()
+        while not answer.is_set():  # the model's answer, seconds away
+            await asyncio.sleep(0.01)
+        await guard.side_effect_async("reply", send)
+        return "done"
+
+    job = pg.dispatcher().submit(Submission(kind="agent", tenant="t")).job_id
+    opts = RuntimeOptions(get_wait_s=0.05, heartbeat_s=0.2, cancel_poll_s=0.05)
+    worker = AsyncWorker(pg.settings, pg.store, pg.transport, reg, options=opts)
+    thread = threading.Thread(target=worker.run_forever, daemon=True)
+    thread.start()
+    try:
+        assert in_call.wait(30)
+        with psycopg.connect(pg.uri, autocommit=True) as conn:
+            row = conn.execute("SELECT clock_timestamp()").fetchone()
+            assert row is not None
+            call_began = row[0]
+            # The worker keeps polling, renewing and beating meanwhile: each of
+            # those transactions must have begun after the call did.
+            answer.wait(0.5)
+            held = conn.execute(
+                "SELECT pid, state, query FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND xact_start < %s",
+                (call_began,),
+            ).fetchall()
+        assert held == []
+        answer.set()
+        wait_until(lambda: pg.store.get(job, "t").status.terminal)
+        assert pg.store.get(job, "t").status is Status.SUCCEEDED, pg.store.get(job, "t")
+    finally:
+        answer.set()
+        worker.request_stop()
+        thread.join(timeout=60)
+    assert not thread.is_alive()
