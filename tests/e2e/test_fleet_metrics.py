@@ -163,6 +163,7 @@ def test_promtool_accepts_both_scrapes_and_the_scrape_example(
         assert out.returncode == 0, out.stdout + out.stderr
     config = tmp_path / "prometheus.yml"
     shutil.copy(ROOT / "deploy" / "prometheus" / "prometheus.yml", config)
+    shutil.copy(ROOT / "deploy" / "prometheus" / "alerts.yml", tmp_path / "alerts.yml")
     (tmp_path / "agentdispatch-metrics-token").write_text(METRICS_TOKEN)
     out = subprocess.run([PROMTOOL, "check", "config", str(config)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
