@@ -129,13 +129,30 @@ def describe(exc: BaseException) -> str:
 
 class _QuietPool(logging.Filter):
     """psycopg_pool logs connection failures with host and port: keep only a
-    credential-free line (the pool retries in the background)."""
+    credential-free line (the pool retries in the background), and only one
+    every :data:`POOL_WARN_EVERY_S`. During an outage every pool of a process
+    fails each retry, which buried the lines that say what is going on."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.clock = clock
+        self.last = -POOL_WARN_EVERY_S
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.WARNING:
-            record.msg = "PostgreSQL pool: a connection attempt failed (will retry)"
-            record.args = ()
-        return True
+        if record.levelno < logging.WARNING:
+            return True
+        record.msg = "PostgreSQL pool: a connection attempt failed (will retry)"
+        record.args = ()
+        now = self.clock()
+        if now - self.last >= POOL_WARN_EVERY_S:
+            self.last = now
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger("psycopg.pool").isEnabledFor(logging.DEBUG)
+
+
+#: At most one pool connection-failure warning a process this often.
+POOL_WARN_EVERY_S = 30.0
 
 
 def _quiet_pool_logs() -> None:
