@@ -102,6 +102,10 @@ def main() -> None:
     args = ap.parse_args()
 
     uri = fresh_database()
+    with psycopg.connect(uri, autocommit=True) as c:
+        row = c.execute("SELECT current_setting('autovacuum'), current_setting('autovacuum_naptime')").fetchone()
+    # Without autovacuum only pruning on access removes dead rows after the hold.
+    print(f"autovacuum {row[0] if row else '?'} (naptime {row[1] if row else '?'})", flush=True)
     store = PostgresStore(uri)
     store.migrate()
     transport = PostgresTransport(store)
