@@ -5,7 +5,11 @@ and the worker itself never keeps a transaction open across a model call."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -160,3 +164,28 @@ def test_no_transaction_stays_open_across_a_model_call(pg, effect_first: bool) -
         worker.request_stop()
         thread.join(timeout=60)
     assert not thread.is_alive()
+
+
+def _doctor(pg, alert_s: str) -> tuple[int, dict[str, dict[str, object]]]:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("AGENT_DISPATCH_", "STATE_DB", "TASK_QUEUE"))},
+        "STATE_DB_URI": pg.uri,
+        "TASK_QUEUE_BACKEND": "postgres",
+        "AGENT_DISPATCH_PG_XMIN_ALERT_S": alert_s,
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "agentdispatch", "doctor", "--json"], env=env, capture_output=True, text=True, timeout=60
+    )
+    return out.returncode, {c["name"]: c for c in json.loads(out.stdout)}
+
+
+def test_doctor_fails_while_a_transaction_is_open_too_long(pg) -> None:
+    code, checks = _doctor(pg, "0.001")
+    assert code == 0 and checks["oldest_transaction"]["detail"] == "none open"
+    with repeatable_read(pg.uri) as pid:
+        wait_until(lambda: _age_of(pg, pid) > 0.001)
+        code, checks = _doctor(pg, "0.001")
+        assert code == 1 and not checks["oldest_transaction"]["ok"]
+        assert f"backend pid {pid} (idle in transaction)" in str(checks["oldest_transaction"]["detail"])
+        code, checks = _doctor(pg, "3600")
+        assert code == 0 and checks["oldest_transaction"]["ok"]

@@ -13,6 +13,7 @@ import click
 from ..errors import AgentDispatchError
 from ..policy import LEASE_RTO_S, renew_every
 from ..settings import Settings
+from ..stores.base import Horizon
 from .app import App
 
 
@@ -42,6 +43,23 @@ def lease_check(s: Settings) -> Check:
         f"renews_every_s={renew_every(s.claim_ttl_s, s.renew_interval_s):g} rto_s={LEASE_RTO_S:g} ok={ok}"
     )
     return Check("dispatch_lease_recovery", ok, detail)
+
+
+def _horizon_check(store: Horizon, alert_s: float) -> Check:
+    """``oldest_transaction`` (PostgreSQL): FAIL while one has been open for
+    ``AGENT_DISPATCH_PG_XMIN_ALERT_S`` or longer (vacuum cannot clean the queue)."""
+
+    def oldest() -> str:
+        held = store.oldest_snapshot()
+        if held is None:
+            return "none open"
+        who = "a prepared transaction" if held.pid is None else f"backend pid {held.pid} ({held.state})"
+        line = f"{who}, open {held.age_s:.0f} s"
+        if alert_s and held.age_s >= alert_s:
+            raise AgentDispatchError(f"{line}: vacuum cannot clean the queue meanwhile; end it")
+        return line
+
+    return _try("oldest_transaction", oldest)
 
 
 def run_checks(obj: App) -> list[Check]:
@@ -85,6 +103,8 @@ def run_checks(obj: App) -> list[Check]:
         return checks
     checks.append(_try("queue_depth", lambda: f"{obj.transport.depth()} unclaimed of max {s.max_depth}"))
     checks.append(_try("workers", lambda: f"{len(obj.store.workers())} live"))
+    if isinstance(obj.store, Horizon):
+        checks.append(_horizon_check(obj.store, s.pg_xmin_alert_s))
     from .gateway import gateway_checks
 
     checks.extend(gateway_checks(obj))
