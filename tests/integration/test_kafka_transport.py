@@ -22,11 +22,12 @@ from agentdispatch import QueueFull, Status, Submission
 from agentdispatch.backends.kafka.transport import KafkaTransport
 from agentdispatch.backends.sqlite.store import SqliteStore
 from agentdispatch.dispatch import Dispatcher
-from agentdispatch.envelope import Envelope
+from agentdispatch.envelope import Envelope, new_job_id
 from agentdispatch.errors import DepthUnavailable, TaskQueueUnavailable
 from agentdispatch.handlers import Registry
 from agentdispatch.reconciler import reconcile_once
 from agentdispatch.settings import Settings, load_settings
+from agentdispatch.stores.base import NewJob
 from agentdispatch.transports.base import Delivery, Receipt
 from agentdispatch.worker import Worker, WorkerOptions
 from kafka_broker import Broker, free_port
@@ -280,6 +281,56 @@ def test_turn_longer_than_max_poll_interval_runs_once_without_rebalance(env: Env
     assert sorted(runs) == sorted(h.job_id for h in every)  # each exactly once
     assert after["revocations"] == settled["revocations"], "a long turn caused a rebalance"
     assert after["handoffs"] == 0
+
+
+def _until(done: Callable[[], bool], timeout: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return done()
+
+
+def test_a_worker_runs_ready_turns_from_the_store_while_the_group_cannot_deliver(env: Env) -> None:
+    """Once every broker went away, a consumer delivers nothing until the
+    group has rejoined (a broker may hold a restarted group's first join for
+    seconds); meanwhile the worker claims ready turns from the store. The
+    broker stays down here, so no message can deliver the second turn. Back,
+    with an empty log, the broker gets the turn's message, which the
+    rejoined group skips: each turn runs once."""
+    settings = env.settings(claim_ttl_s=3, renew_interval_s=1, agent_turns_partitions=2)
+    store, transport = env.open(settings, timeout_s=3.0)
+    runs: list[str] = []
+
+    def handler(turn: Any, guard: Any) -> str:
+        runs.append(turn.job_id)
+        return "ok"
+
+    def succeeded(job_id: str) -> Callable[[], bool]:
+        return lambda: store.get(job_id, None).status is Status.SUCCEEDED
+
+    reg = Registry()
+    reg.add("work", handler)
+    worker = Worker(settings, store, transport, reg, options=WorkerOptions(threads=1, get_wait_s=0.05))
+    worker.start()
+    try:
+        d = Dispatcher(store, transport, settings)
+        first = d.submit(Submission(kind="work", tenant="t", session_id="s")).job_id
+        assert _until(succeeded(first)), "the group never delivered the first turn"
+        env.broker.kill()
+        assert _until(lambda: any(oc.outage_at is not None for oc in transport._consumers.values()))
+        # Stored while the broker is away (no admission can ask it): the
+        # message waits in the outbox.
+        job = NewJob(job_id=new_job_id(), tenant="t", session_id="s", kind="work", payload={}, max_attempts=3)
+        second = store.submit([job], max_depth=100)[0].item.id
+        assert _until(succeeded(second)), "a ready turn waited for the broker"
+        assert transport.stats()["direct"] >= 1
+        env.broker.start()  # same port, empty log: the relay publishes the second turn's message
+        third = d.submit(Submission(kind="work", tenant="t", session_id="s")).job_id
+        assert _until(succeeded(third), timeout=60)
+        assert _until(lambda: transport.stats()["assignments"] > 1, timeout=60), "the group never rejoined"
+    finally:
+        worker.stop(grace_s=5)
+    assert runs == [first, second, third]
 
 
 def test_a_prepared_consumer_joins_the_group_before_its_first_get(env: Env) -> None:

@@ -446,6 +446,17 @@ class OwnedConsumer:
         finally:
             self.lock.release()
 
+    def stranded(self) -> bool:
+        """Whether the group cannot deliver to this consumer now: every
+        broker went away and since then the consumer has had neither an
+        assignment nor a fetch answer. It delivers again once the group has
+        rejoined; until then its owner may claim ready items from the store
+        (:mod:`.direct`)."""
+        edge = self.outage_at
+        if edge is None or self._assigned_at > edge:
+            return False
+        return not any(t > edge for t in self._fetched_at.values())
+
     def log_ends(self, wait_s: float = 0.5) -> dict[int, int]:
         """Each assigned partition's log end as this consumer's fetches saw it
         (some brokers answer a ListOffsets with less: Tansu leaves out the

@@ -11,7 +11,9 @@ Each owner (worker thread) gets its own consumer; offsets are committed only on
 turn, a keepalive thread polls its consumer so that a turn longer than
 ``max.poll.interval.ms`` neither duplicates nor triggers a rebalance; a
 delivery that outlives its visibility hands its partitions to the other
-consumers (the SQS-like contract every transport shares).
+consumers (the SQS-like contract every transport shares). While the group
+cannot deliver to a consumer after an outage, its owner claims ready items
+from the store (:mod:`.direct`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ...settings import KAFKA_GROUP, KAFKA_TOPIC, Settings
 from ...transports.base import Delivery, get_each
 from .admin import TopicAdmin, TopicMissing
 from .consumer import SEQ_HEADER, OwnedConsumer
+from .direct import DirectClaims, StoreRef
 from .producer import CoalescingProducer, GroupCommit, message_key
 from .watch import Backlog, Drained, StallWatch, with_ends
 
@@ -43,6 +46,9 @@ RELAY_BATCH = 500
 
 #: How long other processes' relays leave the outbox rows a relay took to it.
 RELAY_HOLD_S = 1.0
+
+#: The longest a busy Kafka delivery is held while turns are claimed from the store.
+DIRECT_BUSY_S = 0.25
 
 #: Slack between the store's clock, which stamps an item when it is queued,
 #: and this process's, which times the relay that published it.
@@ -173,6 +179,12 @@ class KafkaTransport:
         self._relay_wake = threading.Event()
         self._closed = False
         self._retired = {"assignments": 0, "revocations": 0}
+        # While a consumer has no assignment after an outage, its owner claims
+        # ready items from the store (see :mod:`.direct`).
+        self._direct = DirectClaims()
+        # Monotonic: until when a busy Kafka delivery is likely a turn claimed
+        # from the store (short: retried soon, not held a whole lease).
+        self._direct_until = float("-inf")
 
     @property
     def redeliver_after_s(self) -> float:
@@ -371,9 +383,24 @@ class KafkaTransport:
         self._consumer(owner)
 
     def get(self, owner: str, *, visibility_s: float, wait_s: float) -> Delivery | None:
-        """One envelope from ``owner``'s own consumer (created on first use)."""
+        """One envelope from ``owner``'s own consumer (created on first use);
+        while the group cannot deliver to it (an outage, until it has
+        rejoined), what it still holds, else a ready item from the store."""
         self._auto_relay()
-        return self._consumer(owner).get(visibility_s, wait_s)
+        oc = self._consumer(owner)
+        store = self._outbox
+        if store is not None and oc.stranded():
+            got = oc.get(visibility_s, 0.0)
+            if got is None:
+                try:
+                    got = self._direct.take(store, owner)
+                except Exception as exc:  # the store busy or away: wait on the consumer instead
+                    log.debug("reading ready items from the store failed (%s)", type(exc).__name__)
+            if got is not None:
+                if isinstance(got.receipt.ref, StoreRef):
+                    self._direct_until = time.monotonic() + self._redeliver_base_s
+                return got
+        return oc.get(visibility_s, wait_s)
 
     def wait(self, timeout_s: float) -> None:
         """Consumers wait inside :meth:`get` (``wait_s``); this only pauses
@@ -387,6 +414,8 @@ class KafkaTransport:
     def ack(self, delivery: Delivery) -> bool:
         """Commit the offset; False when the receipt's consumer no longer owns it
         (another owner's receipt, a revoked partition, a handed-off consumer)."""
+        if isinstance(delivery.receipt.ref, StoreRef):
+            return True  # claimed from the store: no message to commit past
         oc = self._owner_of(delivery)
         done = oc is not None and oc.ack(delivery.receipt)
         self._auto_relay()  # the commit before this ack may have written outbox rows
@@ -398,9 +427,12 @@ class KafkaTransport:
     def ack_many(self, deliveries: Sequence[Delivery]) -> list[bool]:
         """:meth:`ack` for each, one offset commit per consumer."""
         by_owner: dict[str, list[int]] = {}
-        for i, d in enumerate(deliveries):
-            by_owner.setdefault(d.receipt.owner, []).append(i)
         out = [False] * len(deliveries)
+        for i, d in enumerate(deliveries):
+            if isinstance(d.receipt.ref, StoreRef):
+                out[i] = True  # claimed from the store: no message to commit past
+            else:
+                by_owner.setdefault(d.receipt.owner, []).append(i)
         for owner, idx in by_owner.items():
             with self._lock:
                 oc = self._consumers.get(owner)
@@ -412,7 +444,14 @@ class KafkaTransport:
         return out
 
     def release(self, delivery: Delivery, delay_s: float) -> None:
-        """Hold the message, uncommitted, in its consumer for ``delay_s``."""
+        """Hold the message, uncommitted, in its consumer for ``delay_s``
+        (briefly while turns are claimed from the store: a busy item is then
+        likely one of them, which ends soon, and its session waits behind
+        it in the consumer)."""
+        if isinstance(delivery.receipt.ref, StoreRef):
+            return  # read from the store: it is ready there, nothing to give back
+        if time.monotonic() < self._direct_until:
+            delay_s = min(delay_s, DIRECT_BUSY_S)
         oc = self._owner_of(delivery)
         if oc is not None:
             oc.release(delivery.receipt, delay_s)
@@ -572,6 +611,7 @@ class KafkaTransport:
             "revocations": self._retired["revocations"] + sum(s["revocations"] for s in per),
             "handoffs": self.handoffs,
             "rejoins": self.rejoins,
+            "direct": self._direct.handed,
         }
 
     def close(self) -> None:
