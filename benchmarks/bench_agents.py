@@ -31,8 +31,10 @@ Per system it measures:
 * **RSS per in-flight turn**: the worker's peak RSS during the backlog minus its
   RSS when idle, and its whole peak RSS, over the turns in flight at the model's
   peak (a thread pool's stacks exist at idle already); **CPU per turn**: the worker process's user+system time
-  over the backlog, per turn (the database's and broker's CPU are not counted);
-* **transactions per turn** on PostgreSQL (``pg_stat_database.xact_commit``);
+  over the backlog, per turn (the database's counted apart, the broker's not);
+* **transactions per turn** on PostgreSQL (``pg_stat_database.xact_commit``), and
+  the **database's CPU per turn**: the user+system time of the PostgreSQL backends
+  serving the worker process (the server shares the machine's cores);
 * **overload** (``--model-limit``): the ideal capped at the model's limit; the
   model's concurrency, the worker's concurrency limit and the 429s' share in the
   steady state;
@@ -362,6 +364,39 @@ def xact_commits(base: str, db: str | None) -> int:
     return int(row[0]) if row else 0
 
 
+def local_ports(pid: int) -> set[int]:
+    """The local TCP ports of a process's sockets (from /proc)."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                link = os.readlink(fd)
+                if link.startswith("socket:["):
+                    inodes.add(link[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                cols = line.split()
+                if cols[9] in inodes:
+                    ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def backend_cpu(base: str, db: str | None, client_pid: int) -> dict[int, float]:
+    """CPU seconds of each PostgreSQL backend serving ``client_pid`` on ``db``
+    (the server runs on this machine: its share of the cores is the worker's
+    cost too; the submitting process's backends are not counted)."""
+    if db is None:
+        return {}
+    import psycopg
+
+    ports = local_ports(client_pid)
+    with psycopg.connect(base, autocommit=True) as conn:
+        rows = conn.execute("SELECT pid, client_port FROM pg_stat_activity WHERE datname = %s", (db,)).fetchall()
+    return {int(pid): cpu_s(int(pid)) for pid, port in rows if port in ports}
+
+
 def wait_replies(
     mock: Mock,
     want: int | Callable[[], int],
@@ -470,6 +505,7 @@ def run_system(sysm: System, mock: Mock, args: argparse.Namespace) -> dict[str, 
         m0 = scrape(sysm.metrics_url)
         cpu0, tx0 = cpu_s(proc.pid), xact_commits(args.pg, sysm.pg_db)
         mock_cpu0 = cpu_s(mock.proc.pid)
+        pg_cpu0 = backend_cpu(args.pg, sysm.pg_db, proc.pid)
         t0 = time.time()
         backlog = [(f"b-{i}", {"submitted_at": 0.0, "i": i}) for i in range(total)]
         for _, p in backlog:
@@ -482,6 +518,9 @@ def run_system(sysm: System, mock: Mock, args: argparse.Namespace) -> dict[str, 
         want = lambda: total - len(sampler.cancelled)  # noqa: E731
         drained = wait_replies(mock, want, args.budget_s, proc.pid, peak, cut=True, on_poll=sampler)
         cpu1, mock_cpu1 = cpu_s(proc.pid), cpu_s(mock.proc.pid)
+        # Backends opened during the backlog count from zero.
+        pg_cpu1 = backend_cpu(args.pg, sysm.pg_db, proc.pid)
+        pg_cpu = sum(c - pg_cpu0.get(pid, 0.0) for pid, c in pg_cpu1.items())
         t2 = time.time()
         m1 = scrape(sysm.metrics_url)
         full = mock.stats(full=True)
@@ -553,6 +592,7 @@ def run_system(sysm: System, mock: Mock, args: argparse.Namespace) -> dict[str, 
             "idle_rss_mib": idle_rss / 1024,
             "cpu_ms_per_turn": 1000 * (cpu1 - cpu0) / total,
             "mock_cpu_ms_per_turn": 1000 * (mock_cpu1 - mock_cpu0) / total,
+            "pg_cpu_ms_per_turn": 1000 * pg_cpu / total if sysm.pg_db else None,
             "tx_per_turn": (tx1 - tx0) / total if sysm.pg_db else None,
             "calls": full["calls"],
             "rejected": full["rejected"],
@@ -643,16 +683,18 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print()
     head = (
         f"{'system':<22} {'goodput/s':>9} {'ideal/s':>8} {'x ideal':>7} {'drain':>5} {'wave p50/p99 s':>15} "
-        f"{'light p50/p99 ms':>17} {'KiB/turn':>13} {'CPU ms/turn':>11} {'tx/turn':>7} {'429s':>6}"
+        f"{'light p50/p99 ms':>17} {'KiB/turn':>13} {'CPU ms/turn':>11} {'DB ms':>5} {'tx/turn':>7} {'429s':>6}"
     )
     print(head)
     for r in results:
         tx = "-" if r["tx_per_turn"] is None else f"{r['tx_per_turn']:.1f}"
+        db = "-" if r["pg_cpu_ms_per_turn"] is None else f"{r['pg_cpu_ms_per_turn']:.2f}"
         print(
             f"{r['name']:<22} {r['goodput']:9.1f} {r['ideal']:8.1f} {r['ratio']:7.2f} {r['drain_ratio']:5.2f} "
             f"{r['wave_p50']:7.2f}/{r['wave_p99']:<7.2f} "
             f"{1000 * r['light_p50']:8.0f}/{1000 * r['light_p99']:<8.0f} "
-            f"{r['rss_per_turn_kib']:6.0f}/{r['rss_total_per_turn_kib']:<6.0f} {r['cpu_ms_per_turn']:11.2f} {tx:>7} "
+            f"{r['rss_per_turn_kib']:6.0f}/{r['rss_total_per_turn_kib']:<6.0f} {r['cpu_ms_per_turn']:11.2f} "
+            f"{db:>5} {tx:>7} "
             f"{100 * r['rejected'] / max(1, r['calls']):5.1f}%"
         )
     for r in results:
@@ -679,6 +721,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> None:
         for t in others:
             print(f"ratio goodput {o['name']} / {t['name']} = {o['goodput'] / t['goodput']:.2f}")
     print("(KiB/turn: peak RSS above idle / whole peak RSS, per turn in flight at the model's peak)")
+    print("(CPU ms/turn: the worker process; DB ms: the PostgreSQL backends serving it, on this machine too)")
     print("(issue 19 targets: goodput >= 0.9 x ideal at 2,000 x 5 s, >= 0.85 and <= 100 KB per turn at 10,000 x 30 s)")
 
 
