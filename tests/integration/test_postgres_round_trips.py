@@ -16,6 +16,7 @@ import pytest
 
 from agentdispatch import Status, Submission
 from agentdispatch.factory import open_flow
+from agentdispatch.stores.base import LedgerOp
 from agentdispatch.transports.flow import Finished, Flow, TurnEnd
 from agentdispatch.workitem import Outcome
 from backends import Harness
@@ -128,10 +129,29 @@ def test_a_batch_finish_acknowledges_every_turn(pg: Harness, trips: RoundTrips) 
     done = [Finished(c.delivery, c.claim.lease, Outcome(ok=True, result=1)) for c in claimed]  # type: ignore[arg-type]
     with trips.counting() as n:
         ends, _ = flow.finish(done)
-    # The reads, the writes, the fenced one's release, the acknowledgements, the COMMIT.
-    assert n == [5]
+    # The reads; the writes with the fenced one's release; the acknowledgements; the COMMIT.
+    assert n == [4]
     assert ends == [TurnEnd.COMPLETED, TurnEnd.FENCED, TurnEnd.COMPLETED]
     assert sorted(pg.store.get(i, None).status.value for i in ids) == ["cancelled", "succeeded", "succeeded"]
     with psycopg.connect(pg.transport.db.uri, autocommit=True) as conn:  # type: ignore[attr-defined]
         left = conn.execute("SELECT job_id, claimed_by FROM agent_dispatch_queue").fetchall()
     assert left == [(claimed[1].envelope.job_id, None)]  # given back, not acknowledged
+
+
+def test_a_ledger_batch_is_two_round_trips(pg: Harness, trips: RoundTrips) -> None:
+    """The items and their ledger rows read and locked (with the BEGIN), then
+    the lease renewals and the ledger writes with the COMMIT: for begins and
+    settlements of several turns alike."""
+    ids = [_submit(pg, trips, i)[0] for i in range(3)]
+    leases = [pg.store.claim(i, f"t{n}", owner="w:0", ttl_s=30.0).lease for n, i in enumerate(ids)]
+    assert all(lease is not None for lease in leases)
+    begins = [LedgerOp(lease, f"send-{n}", ttl_s=30.0) for n, lease in enumerate(leases)]  # type: ignore[arg-type]
+    with trips.counting() as n:
+        assert pg.store.ledger_many(begins) == [None, None, None]
+    assert n == [2]
+    settle = [LedgerOp(op.lease, op.key, "committed", {"n": i}) for i, op in enumerate(begins)]
+    with trips.counting() as n:
+        assert pg.store.ledger_many([*settle[:2], LedgerOp(leases[2], "next-2", ttl_s=30.0)]) == [True, True, None]
+    assert n == [2]
+    effects = {e["key"]: e["state"] for i in ids for e in pg.store.history(i, None)["side_effects"]}
+    assert effects == {"send-0": "committed", "send-1": "committed", "send-2": "intended", "next-2": "intended"}

@@ -82,6 +82,20 @@ class Conn(psycopg.Connection[DictRow]):
         self._begin, self._tail = None, None
         return parts
 
+    def fetch_sets(self, reads: list[tuple[str, Params | None]]) -> list[list[DictRow]]:
+        """The rows of each of ``reads`` (statements that return rows), sent
+        after any pending text in one simple-protocol message: one round trip
+        for all of them, run in order."""
+        texts = [self._mogrify(query, params) for query, params in reads]
+        cur = super().execute("\n;\n".join([*self._pending(), *texts]).encode())
+        sets: list[list[DictRow]] = []
+        while True:
+            if cur.description is not None:
+                sets.append(cur.fetchall())
+            if not cur.nextset():
+                break
+        return sets[len(sets) - len(reads) :]  # the pending text returns no rows
+
     def execute(
         self, query: Query, params: Params | None = None, *, prepare: bool | None = None, binary: bool = False
     ) -> psycopg.Cursor[DictRow]:

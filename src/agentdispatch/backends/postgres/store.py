@@ -400,8 +400,9 @@ class PostgresStore:
         def op(tx: PostgresTx) -> list[LedgerAnswer]:
             lost: dict[int, LeaseLost] = {}
             # One round trip reads (and locks, in id order) the items of every
-            # op: a begin renews its item, a settlement checks its lease.
-            tx.read_items([o.lease.job_id for o in ops])
+            # op (a begin renews its item, a settlement checks its lease), then
+            # their ledger rows; the writes ride with the COMMIT.
+            tx.read_items([o.lease.job_id for o in ops], effects=[(o.lease.tenant, o.key) for o in ops])
 
             def settled(o: LedgerOp, recorded: bool) -> None:
                 # As effect_end: a settlement written after the lease ran out

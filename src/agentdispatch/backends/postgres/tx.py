@@ -49,6 +49,11 @@ _ENQUEUE_COLS = (
 #: write is one statement with the COMMIT. Bulk goes as binary column arrays.
 SMALL_SUBMISSION = 8
 
+#: Buffered writes of up to this many rows ride with the next statement or the
+#: COMMIT as text (a ledger batch, a batch of commits): one round trip less.
+#: More go as binary column arrays, which encode faster.
+DEFER_ROWS = 64
+
 #: Columns sent as ``float8[]``: binary arrays must not mix ``int`` and ``float``.
 _FLOAT_COLS = frozenset(
     (
@@ -75,6 +80,10 @@ def _columns(rows: list[dict[str, Any]], cols: Sequence[str]) -> dict[str, list[
     return out
 
 
+def _key_params(keys: Sequence[tuple[str, str]]) -> dict[str, list[str]]:
+    return {"tenants": [t for t, _ in keys], "keys": [k for _, k in keys]}
+
+
 class PostgresTx:
     """The SQL of :class:`engine.Tx` inside one open PostgreSQL transaction."""
 
@@ -94,23 +103,63 @@ class PostgresTx:
         self._saves: list[dict[str, Any]] = []
         self._events: list[dict[str, Any]] = []
         self._enqueues: list[dict[str, Any]] = []
+        #: Ledger rows to upsert (``effects_write``), and the clock they carry.
+        self._effects: list[dict[str, Any]] = []
+        self._effects_now = 0.0
+        #: Ledger rows read (and locked) with the items: (tenant, key) -> row,
+        #: for keys read; None once written over (see :meth:`read_items`).
+        self._effects_read: dict[tuple[str, str], Effect] | None = None
+        self._effects_keys: frozenset[tuple[str, str]] = frozenset()
         #: While :meth:`streaming`: send the buffered rows every this many items.
         self._chunk: int | None = None
 
     # -- buffering ------------------------------------------------------------
     def flush(self, *, last: bool = False) -> None:
-        """Write every buffered row (inserts first: saves may update them).
-        ``last``: nothing of this transaction's own reads follows, so the usual
-        one-statement write may ride with the next statement or the COMMIT."""
-        if not (self._inserts or self._saves or self._events or self._enqueues):
+        """Write every buffered row (inserts first: saves may update them;
+        ledger rows last). ``last``: nothing of this transaction's own reads
+        follows, so a few rows' writes ride with the next statement or the COMMIT."""
+        if last and self._defer_writes():
             return
-        if last and not self._inserts and not self._enqueues and len(self._saves) == 1 and len(self._events) <= 1:
+        self._flush_items(last)
+        if self._effects:
+            params = _columns(self._effects, _EFFECT_COLS)
+            self.c.execute(Q["effects_write"], {**params, "now": self._effects_now}, binary=True)
+            self._effects.clear()
+
+    def _defer_writes(self) -> bool:
+        """Defer the buffered saves, provenance rows and ledger rows (text
+        rides with the next statement); False when there are inserts or
+        envelopes, or too many rows (nothing is deferred then)."""
+        if self._inserts or self._enqueues:
+            return False
+        if len(self._saves) + len(self._events) + len(self._effects) > DEFER_ROWS:
+            return False
+        if len(self._saves) == 1 and len(self._events) <= 1:
             params = dict(self._saves[0])
             if self._events:
                 params.update({f"e_{k}": v for k, v in self._events[0].items()})
             self.c.defer(Q["save_event" if self._events else "save"], params)
-            self._saves.clear()
-            self._events.clear()
+        elif self._saves:
+            self.c.defer(Q["save_many"], self._save_many_params())
+        elif self._events:
+            self.c.defer(Q["event_many"], _columns(self._events, _EVENT_COLS))
+        if self._effects:
+            self.c.defer(Q["effects_write"], {**_columns(self._effects, _EFFECT_COLS), "now": self._effects_now})
+        self._saves.clear()
+        self._events.clear()
+        self._effects.clear()
+        return True
+
+    def _save_many_params(self) -> dict[str, list[Any]]:
+        # One row per item, its last write (the same row and the same trigger
+        # deltas as writing them one after another).
+        newest = list({r["id"]: r for r in self._saves}.values())
+        params = _columns(newest, _SAVE_COLS)
+        params.update({f"e_{k}": v for k, v in _columns(self._events, _EVENT_COLS).items()})
+        return params
+
+    def _flush_items(self, last: bool) -> None:
+        if not (self._inserts or self._saves or self._events or self._enqueues):
             return
         # Plain round trips: for the usual two or three statements they beat
         # entering pipeline mode; executemany pipelines many saves by itself.
@@ -124,13 +173,8 @@ class PostgresTx:
             self._events.clear()
             return
         if not self._inserts and not self._enqueues and len(self._saves) > 1:
-            # A batch of commits (or claims): every write and provenance row in
-            # one statement. One row per item, its last write (the same row and
-            # the same trigger deltas as writing them one after another).
-            newest = list({r["id"]: r for r in self._saves}.values())
-            params = _columns(newest, _SAVE_COLS)
-            params.update({f"e_{k}": v for k, v in _columns(self._events, _EVENT_COLS).items()})
-            self.c.execute(Q["save_many"], params, binary=True)
+            # A batch of commits (or claims): every write and provenance row in one statement.
+            self.c.execute(Q["save_many"], self._save_many_params(), binary=True)
             self._saves.clear()
             self._events.clear()
             return
@@ -221,11 +265,21 @@ class PostgresTx:
         if data is not None and session:
             self._blockers[job_id] = (row["blocker_status"], row["blocker_expires_at"])
 
-    def read_items(self, job_ids: Sequence[str]) -> None:
+    def read_items(self, job_ids: Sequence[str], effects: Sequence[tuple[str, str]] = ()) -> None:
         """The clock and many items, locked in id order, with whether anything
-        depends on each, in one round trip (the read half of a batch's commits)."""
+        depends on each, in one round trip (the read half of a batch's commits).
+        With ``effects``, the ledger rows of those (tenant, key) pairs are read
+        and locked after the items in the same round trip, for the next
+        :meth:`effects_read` of some of them (a ledger batch)."""
         ids = sorted(set(job_ids))
-        rows = self._all(Q["items_read"], {"ids": ids})
+        if effects:
+            self.flush()
+            keys = sorted(set(effects))
+            rows, ledger = self.c.fetch_sets([(Q["items_read"], {"ids": ids}), (Q["effects_read"], _key_params(keys))])
+            self._effects_read = {(r["tenant"], r["key"]): effect_from_row(r) for r in ledger}
+            self._effects_keys = frozenset(keys)
+        else:
+            rows = self._all(Q["items_read"], {"ids": ids})
         found: dict[str, WorkItem] = {}
         for row in rows:
             self._now = float(row["now"])
@@ -402,20 +456,28 @@ class PostgresTx:
 
     def effect_put(self, tenant: str, effect: Effect, now: float) -> None:
         self.flush()
+        self._effects_read = None
         self.c.execute(Q["effect_put"], effect_params(tenant, effect, now))
 
     def effect_settle(self, tenant: str, effect: Effect, now: float) -> bool:
         self.flush()
+        self._effects_read = None
         return self.c.execute(Q["effect_settle"], effect_params(tenant, effect, now)).rowcount == 1
 
     def effects_read(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Effect]:
-        params = {"tenants": [t for t, _ in keys], "keys": [k for _, k in keys]}
-        return {(r["tenant"], r["key"]): effect_from_row(r) for r in self._all(Q["effects_read"], params)}
+        read = self._effects_read
+        if read is not None and self._effects_keys.issuperset(keys):
+            # Read and locked by read_items, and nothing of ours wrote them since.
+            return {k: read[k] for k in keys if k in read}
+        return {(r["tenant"], r["key"]): effect_from_row(r) for r in self._all(Q["effects_read"], _key_params(keys))}
 
     def effects_write(self, rows: Sequence[tuple[str, Effect]], now: float) -> None:
-        self.flush()
-        params = _columns([effect_params(t, e, now) for t, e in rows], _EFFECT_COLS)
-        self.c.execute(Q["effects_write"], {**params, "now": now}, binary=True)
+        # Buffered (see flush): a ledger batch's rows ride with its COMMIT.
+        if self._effects and now != self._effects_now:
+            self.flush()
+        self._effects_read = None
+        self._effects.extend(effect_params(t, e, now) for t, e in rows)
+        self._effects_now = now
 
     def effects_of(self, job_id: str) -> list[Effect]:
         return [effect_from_row(r) for r in self._all(Q["effects_of"], {"id": job_id})]
