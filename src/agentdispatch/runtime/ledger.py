@@ -14,14 +14,20 @@ from ..stores.base import LedgerAnswer, LedgerOp, Store
 class Ledger:
     """Queues :class:`LedgerOp` from the loop and writes them in batches on
     ``executor``, up to ``writers`` batches at a time: one on SQLite (one
-    writer per file anyway), several on PostgreSQL, where a batch costs a
-    round trip per op and batches of different turns lock different rows."""
+    writer per file anyway), several on PostgreSQL, where batches of different
+    turns lock different rows (one stuck behind a lock holds up only its own).
+    Another writer starts only once ``spill`` ops wait while every writer is
+    busy: each batch costs a transaction and its commit, so a few large
+    batches cost the database less than many small ones."""
 
-    def __init__(self, store: Store, executor: Executor, *, max_batch: int = 1024, writers: int = 1) -> None:
+    def __init__(
+        self, store: Store, executor: Executor, *, max_batch: int = 1024, writers: int = 1, spill: int = 1
+    ) -> None:
         self.store = store
         self.executor = executor
         self.max_batch = max_batch
         self.writers = writers
+        self.spill = spill
         self._pending: list[tuple[LedgerOp, asyncio.Future[LedgerAnswer]]] = []
         self._active = 0
         #: Batches written, and ops in them (statements per turn in the benchmark).
@@ -34,7 +40,7 @@ class Ledger:
         (or the batch's exception)."""
         fut: asyncio.Future[LedgerAnswer] = asyncio.get_running_loop().create_future()
         self._pending.append((op, fut))
-        if self._active < self.writers:
+        if self._active == 0 or (self._active < self.writers and len(self._pending) >= self.spill):
             self._active += 1
             self._tasks.add(task := asyncio.get_running_loop().create_task(self._write()))
             task.add_done_callback(self._tasks.discard)

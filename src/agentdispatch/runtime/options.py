@@ -26,6 +26,10 @@ class RuntimeOptions:
     cancel_poll_s: float = 1.0
     #: Finished turns committed and acknowledged per transaction at most.
     commit_batch: int = 256
-    #: Ledger batches written at once (0: four on PostgreSQL, where each op
-    #: costs round trips; one elsewhere, where one writer holds the file).
+    #: Ledger batches written at once at most (0: four on PostgreSQL, where
+    #: batches of different turns lock different rows; one elsewhere, where
+    #: one writer holds the file).
     ledger_writers: int = 0
+    #: Ops queued, with every ledger writer busy, before another writer starts
+    #: (fewer, larger batches: each costs a transaction and a durable commit).
+    ledger_spill: int = 32

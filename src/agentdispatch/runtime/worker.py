@@ -152,7 +152,12 @@ class AsyncWorker:
         handlers = ThreadPoolExecutor(opts.threads, thread_name_prefix="handler")
         self._io = ThreadPoolExecutor(opts.io_threads, thread_name_prefix="io")
         writers = opts.ledger_writers or (4 if getattr(self.store, "name", "") == "postgres" else 1)
-        self.ledger = Ledger(self.store, ThreadPoolExecutor(writers, thread_name_prefix="ledger"), writers=writers)
+        self.ledger = Ledger(
+            self.store,
+            ThreadPoolExecutor(writers, thread_name_prefix="ledger"),
+            writers=writers,
+            spill=opts.ledger_spill,
+        )
         # Claims and commits take turns on one thread: run side by side they
         # lock queue, fairness and item rows in opposite orders (PostgreSQL
         # deadlocks); on SQLite they queue for the one writer anyway.
