@@ -78,9 +78,13 @@ def current_traceparent() -> str | None:
 def start(name: str, *, traceparent: str | None = None, parent: Any = None, **attributes: Any) -> Any:
     """Start a span that is not made current (its end is another call's):
     under ``parent``, else under the remote ``traceparent``. None without
-    OpenTelemetry."""
+    OpenTelemetry, and without an SDK when there is neither to carry on."""
     trace = _otel()
     if trace is None:
+        return None
+    if parent is None and not traceparent and not _configured(trace):
+        # It would be a no-op span with no context to carry: the hot path
+        # (a few spans per turn) should not pay for it.
         return None
     if parent is not None:
         ctx = trace.set_span_in_context(parent)
