@@ -59,6 +59,8 @@ from agentdispatch.sqlfiles import queries
 
 BASE = os.environ.get("AGENTDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 GET = queries("agentdispatch.backends.postgres.sql", "transport.sql")["get"]
+#: One turn for a claimer that marks itself waiting for nobody (no listener).
+CLAIM_ARGS = {"owner": "bench:0", "vis": 60.0, "n": 1, "read": False, "listener": None, "gen": 0, "mark_s": 0.0}
 
 
 @contextmanager
@@ -355,7 +357,7 @@ def claim_latency(uri: str, samples: int) -> list[float]:
     with psycopg.connect(uri, autocommit=True) as c:
         for _ in range(samples):
             t0 = time.perf_counter()
-            row = c.execute(GET, {"owner": "bench:0", "vis": 60.0, "n": 1, "read": False}).fetchone()
+            row = c.execute(GET, CLAIM_ARGS).fetchone()
             lat.append(time.perf_counter() - t0)
             assert row is not None
             # Replace the claimed row (same session, later in it): the backlog stays constant.
@@ -384,9 +386,7 @@ def bench_claim_latency(big: int, samples: int, explain: bool = True) -> None:
                 # The fair claim runs inside dispatch_claim: auto_explain shows
                 # its plan as executed there (in a transaction rolled back).
                 with psycopg.connect(uri) as c:
-                    plan = explain_nested(
-                        c, GET, {"owner": "bench:0", "vis": 60.0, "n": 1, "read": False}, analyze=True
-                    )
+                    plan = explain_nested(c, GET, CLAIM_ARGS, analyze=True)
                 print(f"  EXPLAIN ANALYZE of the fair claim at {n:,} queued (auto_explain, inside dispatch_claim):")
                 for line in plan.splitlines():
                     print("    " + line)

@@ -1,6 +1,7 @@
 """An idle async worker wakes for a submission (PostgreSQL's LISTEN, SQLite's
 sequence watch) instead of waiting out its poll, and its claim asks for as
-many turns as the wake told of, not for a full batch."""
+many turns as the wake told of and one more (turns that came unannounced
+while it was woken), not for a full batch."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def test_an_idle_worker_claims_what_the_wake_told_of(build: Callable[..., Harnes
     assert sorted(started) == sorted(jobs)
     # The first may race the worker's start-up; the later ones came by the wake.
     assert woken >= 2
-    assert asked.count(1) >= 2, asked  # one turn told of: one asked for, not the batch of 16
+    assert asked.count(2) >= 2, asked  # one turn told of: it and one more asked for, not the batch of 16
 
 
 def test_a_stop_ends_the_wait_for_news(tmp_path: Path) -> None:

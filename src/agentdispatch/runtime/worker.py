@@ -228,11 +228,11 @@ class AsyncWorker:
     # -- claim ------------------------------------------------------------------
     async def _claimer(self, handlers: Executor) -> None:
         backoff = Backoff()
-        #: After a wait that ended with news of ``told`` new turns: claim that
-        #: many (None: a full batch). Asking for more than are queued costs the
-        #: fair claim another pass, and so would a second claim to make sure:
-        #: rows the news missed (a retry coming due) wait for the poll, as they
-        #: did behind a dry claim.
+        #: After a wait that ended with news of ``told`` new turns: claim one
+        #: more than that (None: a full batch). Enqueuers notify only while a
+        #: claimer is marked waiting, and a woken claimer is not until its next
+        #: claim that runs dry: the one more tells whether turns came unannounced
+        #: meanwhile (then the claimer claims again rather than wait).
         told: int | None = None
         while not self.stopping:
             now = self.clock()
@@ -245,9 +245,7 @@ class AsyncWorker:
                 ramp = self.limit.ramp_in(now)
                 await self._nap(self._claim_wake, delay if delay > 0 else 1.0 if ramp is None else min(1.0, ramp))
                 continue
-            n = min(free, self.options.claim_batch if told is None else max(1, told))
-            # Asked for every turn the news told of: no need to look again before more news.
-            sized = told is not None and n >= told
+            n = min(free, self.options.claim_batch if told is None else max(1, told) + 1)
             if told is not None:
                 self.woken_claims += 1
             told = None
@@ -270,7 +268,7 @@ class AsyncWorker:
                 # The turns' tasks take their first step (a sync handler's
                 # hand-off to its thread) before the next claim goes out.
                 await asyncio.sleep(0)
-            if (batch.dry or sized) and not self.stopping:
+            if batch.dry and not self.stopping:
                 # Not on the traffic thread: finished turns commit meanwhile.
                 try:
                     told = await self._await_work(2 * len(self.running) < self.limit.limit)

@@ -38,6 +38,8 @@ class _Wakeup:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._gen = 0
+        self._blocked = 0
+        self._waking = 0  # of the blocked, how many a bump woke that have not returned yet
         self._subscribers: list[Callable[[int | None], None]] = []
 
     def subscribe(self, fn: Callable[[int | None], None]) -> Callable[[], None]:
@@ -62,8 +64,10 @@ class _Wakeup:
             self._gen += 1
             if waiters is None:
                 self._cond.notify_all()
+                self._waking = self._blocked
             else:
                 self._cond.notify(waiters)
+                self._waking = min(self._blocked, self._waking + waiters)
             subscribers = list(self._subscribers)
         for fn in subscribers:
             try:
@@ -71,19 +75,33 @@ class _Wakeup:
             except Exception:  # a subscriber's failure must not stop the listener
                 log.exception("a queue wake subscriber failed")
 
+    def unwoken(self) -> int:
+        """How many threads wait in :meth:`wait` that no bump woke (a bump
+        for fewer waiters than wait leaves the others waiting)."""
+        with self._cond:
+            return self._blocked - self._waking
+
     def wait(self, seen: int, timeout: float) -> None:
         with self._cond:
-            self._cond.wait_for(lambda: self._gen != seen, timeout=timeout)
+            self._blocked += 1
+            try:
+                self._cond.wait_for(lambda: self._gen != seen, timeout=timeout)
+            finally:
+                self._blocked -= 1
+                self._waking = max(0, self._waking - 1)
 
 
 class _Listener:
     """LISTEN on a dedicated connection; reconnects with backoff on failure.
-    ``healthy`` tells waiters how often they must poll."""
+    ``healthy`` tells waiters how often they must poll; ``pid`` (its backend,
+    while healthy) is what claims mark their claimers waiting with (see
+    ``dispatch_waiting`` in schema.sql)."""
 
     def __init__(self, uri: str, wake: _Wakeup) -> None:
         self.uri = uri
         self.wake = wake
         self.healthy = False
+        self.pid: int | None = None
         self._stop = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
         self._thread = threading.Thread(target=self._run, name="pg-listen", daemon=True)
@@ -111,13 +129,16 @@ class _Listener:
                     self.healthy = bool(listening and listening[0])
                     if not self.healthy:
                         log.warning("LISTEN is not effective on this connection; polling only")
+                    # Without LISTEN nobody is marked waiting: nothing would hear.
+                    self.pid = conn.info.backend_pid if self.healthy else None
                     self.wake.bump()  # anything enqueued while we were away
                     backoff = 0.1
                     last_probe = time.monotonic()
                     while not self._stop.is_set():
-                        for note in conn.notifies(timeout=1.0, stop_after=1):
-                            # As many waiters as rows came (the payload of a bulk insert).
-                            self.wake.bump(int(note.payload) if note.payload.isdigit() else 1)
+                        notes = list(conn.notifies(timeout=1.0, stop_after=1))
+                        if notes:
+                            notes += conn.notifies(timeout=0.0)  # a burst's others: one unmark for all
+                            self._woken(conn, notes)
                         if time.monotonic() - last_probe > 15.0:
                             # A half-open connection delivers nothing: probe it.
                             conn.execute("SELECT 1")
@@ -129,8 +150,22 @@ class _Listener:
             finally:
                 self._conn = None
                 self.healthy = False
+                self.pid = None
             self._stop.wait(backoff)
             backoff = min(5.0, backoff * 2)
+
+    def _woken(self, conn: psycopg.Connection[Any], notes: Sequence[psycopg.Notify]) -> None:
+        before = self.wake.generation()
+        for note in notes:
+            # As many waiters as rows came (the payload of a bulk insert).
+            self.wake.bump(int(note.payload) if note.payload.isdigit() else 1)
+        if self.healthy and not self.wake.unwoken():
+            # Marks of claims before the previous wake: their claimers were
+            # woken and have not run dry since (they mark themselves again
+            # when they do); until then more notifications wake nobody. A
+            # claimer's first wake keeps its mark: at light load every
+            # submission still notifies, none falls between unmark and mark.
+            conn.execute(Q["unmark"], {"gen": before})
 
 
 class PostgresTransport:
@@ -195,9 +230,16 @@ class PostgresTransport:
         """Up to ``n`` turns in fair order on ``conn`` (one statement). With
         ``read`` (inside a transaction that goes on to claim the items), each
         comes with its item row, read and locked by the same statement."""
-        self._local.seen = self._last_seen = self._wake.generation()
+        seen = self._local.seen = self._last_seen = self._wake.generation()
+        listener = self._listener
+        mark = {
+            "listener": listener.pid if listener is not None else None,
+            "gen": seen,
+            # Outlives the longest wait between an idle claimer's claims.
+            "mark_s": 2 * self.poll_s + 1.0,
+        }
         # A function call (its plans are cached inside): a pending BEGIN rides with it.
-        rows = conn.execute(Q["get"], {"owner": owner, "vis": visibility_s, "n": n, "read": read}).fetchall()
+        rows = conn.execute(Q["get"], {"owner": owner, "vis": visibility_s, "n": n, "read": read, **mark}).fetchall()
         return [
             (
                 Delivery(

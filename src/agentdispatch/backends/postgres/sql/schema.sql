@@ -429,9 +429,27 @@ CREATE TABLE dispatch_fair_groups (
 CREATE INDEX fair_groups_order
     ON dispatch_fair_groups (tenant_ref, priority, last_served, deadline_key, since);
 
+-- Claimers about to wait for news of new queue rows, one row each: the enqueue
+-- triggers notify only while one is marked (each notifying commit takes a
+-- database-wide lock, serializing the commits of concurrent enqueuers). A claim
+-- that runs dry (finds fewer rows than asked for) marks its claimer; the
+-- claimer's listener (the LISTEN backend of its process) deletes the mark of a
+-- claimer that a notification woke once another notification comes before it
+-- ran dry again (it claims again, one more row than it was told of, and marks
+-- itself again only when that runs dry). A mark expires on its own: a killed
+-- process's marks only cost notifications until then. UNLOGGED: after a crash
+-- nobody is marked, which costs a waiter one poll.
+CREATE UNLOGGED TABLE dispatch_waiting (
+    owner    text PRIMARY KEY,
+    listener integer NOT NULL,
+    gen      bigint NOT NULL,
+    until    timestamptz NOT NULL
+);
+
 -- A writer adding queue rows: its fairness rows, then one notification per
--- transaction. Every fairness row it checks, locks or moves is found by an
--- index probe per key (an "IN (SELECT ... FROM added)" check would be planned
+-- transaction while some claimer waits (a plain read: enqueuers never wait on
+-- each other for it). Every fairness row it checks, locks or moves is found by
+-- an index probe per key (an "IN (SELECT ... FROM added)" check would be planned
 -- as a scan of the whole table once a statement adds a few hundred rows).
 -- Groups before tenants, keys in order; re-insert what a pruner deleted meanwhile.
 CREATE FUNCTION dispatch_queue_added() RETURNS trigger
@@ -475,7 +493,9 @@ BEGIN
                     FOR KEY SHARE OF t) x);
         EXIT WHEN got >= want;
     END LOOP;
-    PERFORM pg_notify('agent_dispatch_queue', '');
+    IF EXISTS (SELECT 1 FROM dispatch_waiting w WHERE w.until > now()) THEN
+        PERFORM pg_notify('agent_dispatch_queue', '');
+    END IF;
     RETURN NULL;
 END $$;
 
@@ -488,7 +508,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     n bigint := (SELECT count(*) FROM added);
 BEGIN
-    IF n > 1 THEN
+    IF n > 1 AND EXISTS (SELECT 1 FROM dispatch_waiting w WHERE w.until > now()) THEN
         PERFORM pg_notify('agent_dispatch_queue', n::text);
     END IF;
     RETURN NULL;
@@ -785,16 +805,33 @@ END $$;
 -- An idle worker's claim on an empty queue returns at once: no fairness row
 -- means no queue row (a writer adds its fairness rows in the transaction that
 -- adds the queue rows; a pruner removes them only when no queue row is left).
-CREATE FUNCTION dispatch_claim(p_owner text, p_vis double precision, p_n integer, p_read boolean)
+-- With p_listener (the backend pid of the claimer's LISTEN connection), a
+-- claim that runs dry (finds fewer than p_n: its claimer waits for news next)
+-- marks its claimer waiting in the same transaction: from its commit on,
+-- enqueuers notify. p_gen is the claimer's wake generation at the claim
+-- (its listener deletes only marks older than the wake before its latest); the mark
+-- expires after p_mark_s unless a later claim renews it.
+CREATE FUNCTION dispatch_claim(
+    p_owner text, p_vis double precision, p_n integer, p_read boolean,
+    p_listener integer DEFAULT NULL, p_gen bigint DEFAULT 0, p_mark_s double precision DEFAULT 0
+)
 RETURNS TABLE (
     id bigint, envelope text, deliveries integer, claimed_at double precision, job_id text,
     now double precision, item json, leaf boolean, blocker_status text, blocker_expires_at double precision
 )
 LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    got bigint := 0;
 BEGIN
     -- The top priority, as the claim reads it (an index scan, whatever the table's size).
     IF (SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1) IS NOT NULL THEN
         RETURN QUERY SELECT * FROM dispatch_claim_fair(p_owner, p_vis, p_n, p_read);
+        GET DIAGNOSTICS got = ROW_COUNT;
+    END IF;
+    IF p_listener IS NOT NULL AND got < p_n THEN
+        INSERT INTO dispatch_waiting AS w (owner, listener, gen, until)
+        VALUES (p_owner, p_listener, p_gen, now() + make_interval(secs => p_mark_s))
+        ON CONFLICT (owner) DO UPDATE SET listener = excluded.listener, gen = excluded.gen, until = excluded.until;
     END IF;
 END $$;
 
