@@ -61,7 +61,7 @@ from agentdispatch.sqlfiles import queries
 BASE = os.environ.get("AGENTDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 GET = queries("agentdispatch.backends.postgres.sql", "transport.sql")["get"]
 #: One turn for a claimer that marks itself waiting for nobody (no listener).
-CLAIM_ARGS = {"owner": "bench:0", "vis": 60.0, "n": 1, "read": False, "listener": None, "gen": 0, "mark_s": 0.0}
+CLAIM_ARGS = {"owner": "bench:0", "vis": 60.0, "n": 1, "read": False, "listener": None, "mark_s": 0.0}
 
 
 @contextmanager

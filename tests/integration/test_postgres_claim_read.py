@@ -94,8 +94,8 @@ def test_a_notification_says_how_many_rows_came(own_db: Harness) -> None:
     assert isinstance(h.transport, PostgresTransport)
     with psycopg.connect(h.transport.db.uri, autocommit=True) as listen:
         listen.execute(f"LISTEN {CHANNEL}")
-        # A claimer waits (marked by this connection: no listener unmarks it).
-        listen.execute("INSERT INTO dispatch_waiting VALUES ('w:0', pg_backend_pid(), 0, now() + interval '1 hour')")
+        # A claimer waits.
+        listen.execute("INSERT INTO dispatch_waiting VALUES ('w:0', pg_backend_pid(), now() + interval '1 hour')")
         d = h.dispatcher()
         d.submit(Submission(kind="note", tenant="t1", payload=1))
         d.submit_many([Submission(kind="note", tenant=f"t{i}", payload=i) for i in range(5)])

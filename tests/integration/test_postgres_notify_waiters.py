@@ -1,7 +1,7 @@
 """Enqueuers notify only while a claimer waits for news (scenario 18): each
 notifying commit takes a database-wide lock. A claim that runs dry marks its
-claimer waiting; its listener unmarks it when news comes again before it ran
-dry again; a mark expires on its own. Each test observes the channel with a
+claimer waiting for a while; claims that keep running dry renew the mark, and
+a busy claimer's lapses. Each test observes the channel with a
 LISTEN of its own and ends what it reads with a notification of its own
 (delivered in commit order), so "no notification" needs no timeout."""
 
@@ -91,13 +91,12 @@ def test_a_submission_notifies_only_while_a_claimer_waits(h: Harness, channel: C
     d.submit(Submission(kind="note", tenant="t"))
     assert channel() == [""]
     assert told.get(timeout=30) == 1
-    assert _marks(transport) == ["w:0"]  # a first wake keeps the mark
     d.submit(Submission(kind="note", tenant="t"))
-    assert channel() == [""]
-    assert told.get(timeout=30) == 1
-    # News again before the woken claimer ran dry: it claims before it waits,
-    # and until then nobody need notify.
-    wait_until(lambda: _marks(transport) == [], timeout=30)
+    assert channel() == [""]  # still marked: every submission wakes it
+    assert _marks(transport) == ["w:0"]
+    # Busy: its claims find all they ask for, and its mark lapses.
+    assert len(transport.get_many("w:0", 2, visibility_s=30.0)) == 2
+    transport.db.run(lambda c: c.execute("UPDATE dispatch_waiting SET until = now()"), single=True)
     d.submit(Submission(kind="note", tenant="t"))
     assert channel() == []
     assert transport.get_many("w:0", 4, visibility_s=30.0) != []
@@ -121,11 +120,11 @@ def test_a_claim_that_finds_fewer_than_asked_marks_its_claimer(h: Harness, chann
 
 
 def test_an_expired_mark_does_not_notify(h: Harness, channel: Callable[[], list[str]]) -> None:
-    # A killed process's marks: nobody unmarks them, they expire.
+    # A killed process's marks: nobody renews them, they expire.
     transport = h.transport
     assert isinstance(transport, PostgresTransport)
     transport.db.run(
-        lambda c: c.execute("INSERT INTO dispatch_waiting VALUES ('gone:0', 0, 0, now() - interval '1 second')"),
+        lambda c: c.execute("INSERT INTO dispatch_waiting VALUES ('gone:0', 0, now() - interval '1 second')"),
         single=True,
         idempotent=True,
     )
@@ -166,8 +165,8 @@ def test_a_claimer_marked_before_its_listener_was_lost_is_woken_after_it_reconne
 
 
 def test_a_turn_that_came_unannounced_while_the_worker_was_woken_does_not_wait_for_the_poll(h: Harness) -> None:
-    # A submission that commits between a wake's unmark and the woken claimer's
-    # next mark notifies nobody. The claimer's next news then tells of fewer
+    # A submission that commits while the woken claimer's mark has lapsed
+    # (after a busy spell) notifies nobody. The claimer's next news then tells of fewer
     # turns than are queued: it claims one more than told, and claims again
     # while that one more came, instead of leaving a turn to the poll (the
     # poll's claim asks for a full batch: none may come before both started).
@@ -194,10 +193,25 @@ def test_a_turn_that_came_unannounced_while_the_worker_was_woken_does_not_wait_f
         worker._claim = claim  # type: ignore[method-assign]
         wait_until(lambda: len(_marks(transport)) == 1, timeout=30)  # idle, waiting for news
         d = h.dispatcher()
-        set_marks("now() - interval '1 second'")  # as if the listener had just unmarked it
+        set_marks("now() - interval '1 second'")  # as if it had lapsed
         unannounced = d.submit(Submission(kind="note", tenant="t")).job_id
         set_marks("now() + interval '1 hour'")
         announced = d.submit(Submission(kind="note", tenant="t")).job_id
         wait_until(lambda: announced in events and unannounced in events, timeout=60)
     before = events[: events.index(announced)]
     assert f"claim {RuntimeOptions().claim_batch}" not in before, events
+
+
+def test_long_expired_marks_are_cleared_and_live_ones_kept(h: Harness) -> None:
+    from agentdispatch.backends.postgres.transport import Q
+
+    transport = h.transport
+    assert isinstance(transport, PostgresTransport)
+    marks = {"gone:0": "now() - interval '2 minutes'", "late:0": "now() - interval '1 second'"}
+    for owner, until in marks.items():
+        transport.db.run(
+            lambda c, o=owner, u=until: c.execute(f"INSERT INTO dispatch_waiting VALUES ('{o}', 0, {u})"), single=True
+        )
+    assert transport.get_many("w:0", 1, visibility_s=30.0) == []
+    transport.db.run(lambda c: c.execute(Q["forget_marks"]), single=True)
+    assert sorted(_marks(transport)) == ["late:0"]  # w:0 has no listener here: not marked

@@ -159,7 +159,7 @@ def test_fair_claim_is_an_index_scan(h: Harness) -> None:
         _big_backlog(conn, tenants=10_000, sessions=10_000)
         sql = queries("agentdispatch.backends.postgres.sql", "transport.sql")["get"]
         # The fair claim runs inside dispatch_claim: its plan as executed there.
-        args = {"owner": "x", "vis": 30.0, "n": 1, "read": False, "listener": None, "gen": 0, "mark_s": 0.0}
+        args = {"owner": "x", "vis": 30.0, "n": 1, "read": False, "listener": None, "mark_s": 0.0}
         plan = explain_nested(conn, sql, args)
     assert "agent_dispatch_queue" in plan, plan
     assert "Seq Scan" not in plan, plan

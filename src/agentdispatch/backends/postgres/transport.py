@@ -38,8 +38,6 @@ class _Wakeup:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._gen = 0
-        self._blocked = 0
-        self._waking = 0  # of the blocked, how many a bump woke that have not returned yet
         self._subscribers: list[Callable[[int | None], None]] = []
 
     def subscribe(self, fn: Callable[[int | None], None]) -> Callable[[], None]:
@@ -64,10 +62,8 @@ class _Wakeup:
             self._gen += 1
             if waiters is None:
                 self._cond.notify_all()
-                self._waking = self._blocked
             else:
                 self._cond.notify(waiters)
-                self._waking = min(self._blocked, self._waking + waiters)
             subscribers = list(self._subscribers)
         for fn in subscribers:
             try:
@@ -75,20 +71,9 @@ class _Wakeup:
             except Exception:  # a subscriber's failure must not stop the listener
                 log.exception("a queue wake subscriber failed")
 
-    def unwoken(self) -> int:
-        """How many threads wait in :meth:`wait` that no bump woke (a bump
-        for fewer waiters than wait leaves the others waiting)."""
-        with self._cond:
-            return self._blocked - self._waking
-
     def wait(self, seen: int, timeout: float) -> None:
         with self._cond:
-            self._blocked += 1
-            try:
-                self._cond.wait_for(lambda: self._gen != seen, timeout=timeout)
-            finally:
-                self._blocked -= 1
-                self._waking = max(0, self._waking - 1)
+            self._cond.wait_for(lambda: self._gen != seen, timeout=timeout)
 
 
 class _Listener:
@@ -135,13 +120,13 @@ class _Listener:
                     backoff = 0.1
                     last_probe = time.monotonic()
                     while not self._stop.is_set():
-                        notes = list(conn.notifies(timeout=1.0, stop_after=1))
-                        if notes:
-                            notes += conn.notifies(timeout=0.0)  # a burst's others: one unmark for all
-                            self._woken(conn, notes)
+                        for note in conn.notifies(timeout=1.0, stop_after=1):
+                            # As many waiters as rows came (the payload of a bulk insert).
+                            self.wake.bump(int(note.payload) if note.payload.isdigit() else 1)
                         if time.monotonic() - last_probe > 15.0:
-                            # A half-open connection delivers nothing: probe it.
-                            conn.execute("SELECT 1")
+                            # A half-open connection delivers nothing: probe it,
+                            # clearing killed processes' long-expired marks.
+                            conn.execute(Q["forget_marks"])
                             last_probe = time.monotonic()
             except (psycopg.Error, OSError) as exc:
                 if self._stop.is_set():
@@ -153,19 +138,6 @@ class _Listener:
                 self.pid = None
             self._stop.wait(backoff)
             backoff = min(5.0, backoff * 2)
-
-    def _woken(self, conn: psycopg.Connection[Any], notes: Sequence[psycopg.Notify]) -> None:
-        before = self.wake.generation()
-        for note in notes:
-            # As many waiters as rows came (the payload of a bulk insert).
-            self.wake.bump(int(note.payload) if note.payload.isdigit() else 1)
-        if self.healthy and not self.wake.unwoken():
-            # Marks of claims before the previous wake: their claimers were
-            # woken and have not run dry since (they mark themselves again
-            # when they do); until then more notifications wake nobody. A
-            # claimer's first wake keeps its mark: at light load every
-            # submission still notifies, none falls between unmark and mark.
-            conn.execute(Q["unmark"], {"gen": before})
 
 
 class PostgresTransport:
@@ -230,11 +202,10 @@ class PostgresTransport:
         """Up to ``n`` turns in fair order on ``conn`` (one statement). With
         ``read`` (inside a transaction that goes on to claim the items), each
         comes with its item row, read and locked by the same statement."""
-        seen = self._local.seen = self._last_seen = self._wake.generation()
+        self._local.seen = self._last_seen = self._wake.generation()
         listener = self._listener
         mark = {
             "listener": listener.pid if listener is not None else None,
-            "gen": seen,
             # Outlives the longest wait between an idle claimer's claims.
             "mark_s": 2 * self.poll_s + 1.0,
         }

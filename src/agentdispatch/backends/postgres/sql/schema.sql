@@ -432,17 +432,15 @@ CREATE INDEX fair_groups_order
 -- Claimers about to wait for news of new queue rows, one row each: the enqueue
 -- triggers notify only while one is marked (each notifying commit takes a
 -- database-wide lock, serializing the commits of concurrent enqueuers). A claim
--- that runs dry (finds fewer rows than asked for) marks its claimer; the
--- claimer's listener (the LISTEN backend of its process) deletes the mark of a
--- claimer that a notification woke once another notification comes before it
--- ran dry again (it claims again, one more row than it was told of, and marks
--- itself again only when that runs dry). A mark expires on its own: a killed
--- process's marks only cost notifications until then. UNLOGGED: after a crash
--- nobody is marked, which costs a waiter one poll.
+-- that runs dry (finds fewer rows than asked for) marks its claimer until a
+-- little past its next poll: an idle claimer's claims keep renewing it, and a
+-- busy fleet's marks lapse, so a backlog's submitters notify nobody. A killed
+-- process's marks only cost notifications until they expire; listeners clear
+-- them later. UNLOGGED: after a crash nobody is marked, which costs a waiter
+-- one poll.
 CREATE UNLOGGED TABLE dispatch_waiting (
     owner    text PRIMARY KEY,
     listener integer NOT NULL,
-    gen      bigint NOT NULL,
     until    timestamptz NOT NULL
 );
 
@@ -807,13 +805,11 @@ END $$;
 -- adds the queue rows; a pruner removes them only when no queue row is left).
 -- With p_listener (the backend pid of the claimer's LISTEN connection), a
 -- claim that runs dry (finds fewer than p_n: its claimer waits for news next)
--- marks its claimer waiting in the same transaction: from its commit on,
--- enqueuers notify. p_gen is the claimer's wake generation at the claim
--- (its listener deletes only marks older than the wake before its latest); the mark
--- expires after p_mark_s unless a later claim renews it.
+-- marks its claimer waiting in the same transaction, for p_mark_s: from its
+-- commit on, enqueuers notify.
 CREATE FUNCTION dispatch_claim(
     p_owner text, p_vis double precision, p_n integer, p_read boolean,
-    p_listener integer DEFAULT NULL, p_gen bigint DEFAULT 0, p_mark_s double precision DEFAULT 0
+    p_listener integer DEFAULT NULL, p_mark_s double precision DEFAULT 0
 )
 RETURNS TABLE (
     id bigint, envelope text, deliveries integer, claimed_at double precision, job_id text,
@@ -829,9 +825,9 @@ BEGIN
         GET DIAGNOSTICS got = ROW_COUNT;
     END IF;
     IF p_listener IS NOT NULL AND got < p_n THEN
-        INSERT INTO dispatch_waiting AS w (owner, listener, gen, until)
-        VALUES (p_owner, p_listener, p_gen, now() + make_interval(secs => p_mark_s))
-        ON CONFLICT (owner) DO UPDATE SET listener = excluded.listener, gen = excluded.gen, until = excluded.until;
+        INSERT INTO dispatch_waiting AS w (owner, listener, until)
+        VALUES (p_owner, p_listener, now() + make_interval(secs => p_mark_s))
+        ON CONFLICT (owner) DO UPDATE SET listener = excluded.listener, until = excluded.until;
     END IF;
 END $$;
 

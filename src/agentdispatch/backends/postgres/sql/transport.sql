@@ -2,18 +2,14 @@
 -- The fair claim of up to %(n)s turns in one statement (dispatch_claim, in
 -- schema.sql, holds the claim order and its reasons).
 SELECT id, envelope, deliveries, claimed_at, job_id, now, item, leaf, blocker_status, blocker_expires_at
-FROM dispatch_claim(%(owner)s, %(vis)s, %(n)s, %(read)s, %(listener)s, %(gen)s, %(mark_s)s)
+FROM dispatch_claim(%(owner)s, %(vis)s, %(n)s, %(read)s, %(listener)s, %(mark_s)s)
 
--- name: unmark
--- On the listener's connection after a wake: the marks of this process's
--- claimers whose last claim came before the previous wake (woken since, they
--- claim again before waiting, and mark themselves again if that runs dry).
--- Never waits: a mark a claim is renewing (its transaction open) stays, which
--- only costs a notification. Marks long expired (a killed process's) go too.
+-- name: forget_marks
+-- Marks long expired (a killed process's claimers), cleared by the listener's
+-- probe of its connection. Never waits: a mark a claim is renewing stays.
 DELETE FROM dispatch_waiting w
 WHERE w.owner IN (
-    SELECT m.owner FROM dispatch_waiting m
-    WHERE (m.listener = pg_backend_pid() AND m.gen < %(gen)s) OR m.until < now() - interval '1 minute'
+    SELECT m.owner FROM dispatch_waiting m WHERE m.until < now() - interval '1 minute'
     FOR UPDATE SKIP LOCKED)
 
 -- name: ack
