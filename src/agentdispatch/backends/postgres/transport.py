@@ -117,6 +117,8 @@ class _Listener:
                     # Without LISTEN nobody is marked waiting: nothing would hear.
                     self.pid = conn.info.backend_pid if self.healthy else None
                     self.wake.bump()  # anything enqueued while we were away
+                    if backoff > 0.1:
+                        log.info("queue listener reconnected")
                     backoff = 0.1
                     last_probe = time.monotonic()
                     while not self._stop.is_set():
@@ -131,7 +133,9 @@ class _Listener:
             except (psycopg.Error, OSError) as exc:
                 if self._stop.is_set():
                     break
-                log.warning("queue listener lost (%s); polling until it reconnects", describe(exc))
+                # Once an outage: its failed reconnects are only DEBUG.
+                level = logging.WARNING if backoff == 0.1 else logging.DEBUG
+                log.log(level, "queue listener lost (%s); polling until it reconnects", describe(exc))
             finally:
                 self._conn = None
                 self.healthy = False
