@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from backends import BUILDERS, CONTRACT_BACKENDS, Harness
+from backends import BUILDERS, CONTRACT_BACKENDS, Harness, fresh_pg_database, pg_harness_at
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -95,6 +95,19 @@ def harness(make_harness: Callable[..., Harness]) -> Harness:
 def pg(tmp_path: Path) -> Iterator[Harness]:
     """PostgreSQL store and transport on a fresh schema (for PostgreSQL-only tests)."""
     h = BUILDERS["postgres"](tmp_path)
+    try:
+        yield h
+    finally:
+        h.close()
+
+
+@pytest.fixture
+def pg_own_db() -> Iterator[Harness]:
+    """PostgreSQL store and transport on a database of their own, for what is
+    database-wide: NOTIFY reaches every listener of a database, and the vacuum
+    horizon and pg_stat_activity are the whole database's."""
+    cleanup: list[Callable[[], None]] = []
+    h = pg_harness_at(fresh_pg_database(cleanup), lambda: [fn() for fn in cleanup])
     try:
         yield h
     finally:

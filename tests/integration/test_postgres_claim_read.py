@@ -4,8 +4,6 @@ uses that read; a claim made apart from its get reads the item itself."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-
 import pytest
 
 from agentdispatch.backends.postgres.tx import PostgresTx
@@ -14,7 +12,7 @@ from agentdispatch.envelope import Envelope
 from agentdispatch.factory import open_flow
 from agentdispatch.stores.base import ClaimKind
 from agentdispatch.transports.flow import TurnEnd
-from backends import Harness, fresh_pg_database, pg_harness_at
+from backends import Harness
 
 
 @pytest.fixture
@@ -70,23 +68,10 @@ def test_a_claim_apart_from_its_get_reads_the_item_itself(h: Harness, reads: lis
     assert reads == [handle.job_id]  # autocommit: its locks are gone, read again
 
 
-@pytest.fixture
-def own_db() -> Iterator[Harness]:
-    """A harness on a database of its own: NOTIFY reaches every listener of a
-    database, so on a schema of the shared one the count picked up what the
-    tests running beside it submitted."""
-    cleanup: list[Callable[[], None]] = []
-    h = pg_harness_at(fresh_pg_database(cleanup), lambda: [fn() for fn in cleanup])
-    try:
-        yield h
-    finally:
-        h.close()
-
-
-def test_a_notification_says_how_many_rows_came(own_db: Harness) -> None:
+def test_a_notification_says_how_many_rows_came(pg_own_db: Harness) -> None:
     """Idle workers wake one waiter per row: a single submission notifies with
     no count (one waiter), a batch also with its size (that many waiters)."""
-    h = own_db
+    h = pg_own_db
     import psycopg
 
     from agentdispatch.backends.postgres.transport import CHANNEL, PostgresTransport

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
@@ -21,29 +21,17 @@ from agentdispatch import Registry, Status, Submission
 from agentdispatch.horizon import CHECK_EVERY_S, HorizonWatch
 from agentdispatch.metrics import FleetCollector
 from agentdispatch.runtime import AsyncWorker, RuntimeOptions
-from backends import Harness, fresh_pg_database, pg_harness_at
+from backends import Harness
 from contract.helpers import wait_until
 
 GAUGE = "agent_utilities_dispatch_oldest_xmin_age_seconds"
 
 
 @pytest.fixture
-def pg() -> Iterator[Harness]:
+def pg(pg_own_db: Harness) -> Harness:
     """A database of its own: the horizon is the whole database's, and other
     tests' sessions share the default one."""
-    cleanup: list[Callable[[], None]] = []
-    uri = fresh_pg_database(cleanup)
-
-    def drop() -> None:
-        for fn in cleanup:
-            fn()
-
-    h = pg_harness_at(uri, drop)
-    h.uri = uri  # type: ignore[attr-defined]
-    try:
-        yield h
-    finally:
-        h.close()
+    return pg_own_db
 
 
 def _gauge(pg) -> float:
@@ -64,7 +52,7 @@ def repeatable_read(uri: str) -> Iterator[int]:
 
 
 def _age_of(pg, pid: int) -> float:
-    with psycopg.connect(pg.uri) as conn:
+    with psycopg.connect(pg.settings.state_db_uri) as conn:
         row = conn.execute(
             "SELECT extract(epoch FROM clock_timestamp() - xact_start)::float8 FROM pg_stat_activity WHERE pid = %s",
             (pid,),
@@ -75,7 +63,7 @@ def _age_of(pg, pid: int) -> float:
 
 def test_the_gauge_shows_how_long_a_transaction_has_held_the_horizon(pg) -> None:
     assert _gauge(pg) == 0.0
-    with repeatable_read(pg.uri) as pid:
+    with repeatable_read(pg.settings.state_db_uri) as pid:
         before = _age_of(pg, pid)
         held = _gauge(pg)
         after = _age_of(pg, pid)
@@ -90,7 +78,7 @@ def test_a_worker_warns_once_while_it_lasts_and_says_when_it_ended(pg, caplog) -
     now = [0.0]
     watch = HorizonWatch(pg.store, alert_s=0.001, clock=lambda: now[0])
     caplog.set_level(logging.INFO, logger="agentdispatch.horizon")
-    with repeatable_read(pg.uri) as pid:
+    with repeatable_read(pg.settings.state_db_uri) as pid:
         wait_until(lambda: _age_of(pg, pid) > 0.001)
         watch.check()
         now[0] += CHECK_EVERY_S
@@ -143,7 +131,7 @@ def test_no_transaction_stays_open_across_a_model_call(pg, effect_first: bool) -
     thread.start()
     try:
         assert in_call.wait(30)
-        with psycopg.connect(pg.uri, autocommit=True) as conn:
+        with psycopg.connect(pg.settings.state_db_uri, autocommit=True) as conn:
             row = conn.execute("SELECT clock_timestamp()").fetchone()
             assert row is not None
             call_began = row[0]
@@ -169,7 +157,7 @@ def test_no_transaction_stays_open_across_a_model_call(pg, effect_first: bool) -
 def _doctor(pg, alert_s: str) -> tuple[int, dict[str, dict[str, object]]]:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("AGENT_DISPATCH_", "STATE_DB", "TASK_QUEUE"))},
-        "STATE_DB_URI": pg.uri,
+        "STATE_DB_URI": pg.settings.state_db_uri,
         "TASK_QUEUE_BACKEND": "postgres",
         "AGENT_DISPATCH_PG_XMIN_ALERT_S": alert_s,
     }
@@ -182,7 +170,7 @@ def _doctor(pg, alert_s: str) -> tuple[int, dict[str, dict[str, object]]]:
 def test_doctor_fails_while_a_transaction_is_open_too_long(pg) -> None:
     code, checks = _doctor(pg, "0.001")
     assert code == 0 and checks["oldest_transaction"]["detail"] == "none open"
-    with repeatable_read(pg.uri) as pid:
+    with repeatable_read(pg.settings.state_db_uri) as pid:
         wait_until(lambda: _age_of(pg, pid) > 0.001)
         code, checks = _doctor(pg, "0.001")
         assert code == 1 and not checks["oldest_transaction"]["ok"]

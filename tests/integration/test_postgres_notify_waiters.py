@@ -19,7 +19,7 @@ from agentdispatch.dispatch import Submission
 from agentdispatch.handlers import Registry
 from agentdispatch.runtime.options import RuntimeOptions
 from agentdispatch.transports.flow import Batch
-from backends import Harness, fresh_pg_database, pg_harness_at
+from backends import Harness
 from contract.helpers import wait_until
 from contract.test_runtime import running
 
@@ -30,15 +30,10 @@ FENCE = "agent_dispatch_test_fence"
 
 
 @pytest.fixture
-def h() -> Iterator[Harness]:
-    """A harness on a database of its own: notifications reach every listener
-    of a database, so tests beside it would add theirs."""
-    cleanup: list[Callable[[], None]] = []
-    harness = pg_harness_at(fresh_pg_database(cleanup), lambda: [fn() for fn in cleanup])
-    try:
-        yield harness
-    finally:
-        harness.close()
+def h(pg_own_db: Harness) -> Harness:
+    """A database of its own: notifications reach every listener of a
+    database, so tests beside it would add theirs."""
+    return pg_own_db
 
 
 @pytest.fixture
