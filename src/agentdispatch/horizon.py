@@ -39,11 +39,10 @@ class HorizonWatch:
         oldest = self.store.oldest_snapshot()
         held = oldest is not None and oldest.age_s >= self.alert_s
         if held and not self.held and oldest is not None:
-            who = "a prepared transaction" if oldest.pid is None else f"backend pid {oldest.pid} ({oldest.state})"
             log.warning(
                 "%s has held a transaction open for %.0f s: PostgreSQL cannot vacuum the queue's dead rows "
                 "meanwhile, and claims slow down; end it (pg_terminate_backend, or COMMIT/ROLLBACK PREPARED)",
-                who,
+                oldest.holder(),
                 oldest.age_s,
             )
         elif self.held and not held:

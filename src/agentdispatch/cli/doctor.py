@@ -53,8 +53,7 @@ def _horizon_check(store: Horizon, alert_s: float) -> Check:
         held = store.oldest_snapshot()
         if held is None:
             return "none open"
-        who = "a prepared transaction" if held.pid is None else f"backend pid {held.pid} ({held.state})"
-        line = f"{who}, open {held.age_s:.0f} s"
+        line = f"{held.holder()}, open {held.age_s:.0f} s"
         if alert_s and held.age_s >= alert_s:
             raise AgentDispatchError(f"{line}: vacuum cannot clean the queue meanwhile; end it")
         return line

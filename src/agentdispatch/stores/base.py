@@ -235,6 +235,10 @@ class OldestSnapshot:
     #: ``idle in transaction``, ``active``, ... or ``prepared``.
     state: str
 
+    def holder(self) -> str:
+        """Who holds it, for an operator's line."""
+        return "a prepared transaction" if self.pid is None else f"backend pid {self.pid} ({self.state})"
+
 
 @dataclass
 class SweepReport:
