@@ -282,3 +282,26 @@ def test_batched_claims_serve_tenants_in_strict_rotation(h: Harness) -> None:
         order += [c.envelope.tenant for c in batch.claimed]
     rounds = [order[i : i + 5] for i in range(0, 50, 5)]
     assert all(sorted(r) == sorted(tenants) for r in rounds), rounds
+
+
+def test_a_batch_wider_than_the_tenants_serves_them_round_by_round(h: Harness) -> None:
+    """A claim with room for several turns a tenant takes them in one pass (a
+    fleet of few tenants and many sessions); the order is still that of
+    rounds, and a tenant that runs out leaves its share to the others."""
+    d = h.dispatcher()
+    for tenant, sessions in (("a", 6), ("b", 2), ("c", 6)):
+        d.submit_many([Submission(kind="echo", tenant=tenant, session_id=f"{tenant}{s}") for s in range(sessions)])
+    flow = open_flow(h.store, h.transport)
+    batch = flow.claim("w:0", 10, ttl_s=30.0)
+    got = [(c.envelope.tenant, c.envelope.session_id) for c in batch.claimed]
+    assert [t for t, _ in got] == ["a", "b", "c", "a", "b", "c", "a", "c", "a", "c"]
+    # Within a tenant, its sessions in the order they were queued, each once.
+    assert [s for t, s in got if t == "a"] == ["a0", "a1", "a2", "a3"]
+    assert [s for t, s in got if t == "c"] == ["c0", "c1", "c2", "c3"]
+    rest = flow.claim("w:0", 10, ttl_s=30.0)
+    assert [(c.envelope.tenant, c.envelope.session_id) for c in rest.claimed] == [
+        ("a", "a4"),
+        ("c", "c4"),
+        ("a", "a5"),
+        ("c", "c5"),
+    ]

@@ -655,11 +655,23 @@ DECLARE
     v_tenants bigint;
     v_counted integer;  -- the priority v_tenants counts
     v_k integer;  -- how many this pass may claim
+    v_m integer;  -- how many sessions of one tenant this pass may claim
     v_before integer;
 BEGIN
     WHILE got < p_n LOOP
         v_k := p_n - got;
         v_before := got;
+        -- A new round with room for several turns a tenant takes them all in
+        -- one pass, as that many rounds would (a fleet of few tenants and many
+        -- sessions would otherwise pay a pass per turn): as many whole rounds
+        -- as every tenant of the top priority fits in, the rest by later passes.
+        v_m := 1;
+        IF v_k > 1 AND cardinality(v_served) = 0 THEN
+            v_m := greatest(1, v_k / (SELECT count(*) FROM (
+                SELECT 1 FROM dispatch_fair_tenants x
+                WHERE x.priority = (SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1)
+                LIMIT v_k + 1) n));
+        END IF;
         FOR rec IN
         WITH clock AS MATERIALIZED (
             SELECT extract(epoch FROM clock_timestamp())::float8 AS now
@@ -676,24 +688,31 @@ BEGIN
             -- first, one session head each: one tenant is not served many times
             -- in a row while a claim stalls. Priority order is kept: only the top
             -- priority, and the walk below covers everything else.
-            SELECT h.id FROM dispatch_fair_tenants t
-             CROSS JOIN LATERAL (
-                 SELECT x.tenant_ref, x.priority FROM dispatch_fair_tenants x
-                 WHERE x.priority = t.priority AND x.tenant_ref = t.tenant_ref
-                 FOR NO KEY UPDATE SKIP LOCKED
-             ) tl
-             CROSS JOIN LATERAL (
-                 SELECT h.id FROM dispatch_fair_heads h
-                 WHERE h.tenant_ref = tl.tenant_ref AND h.priority = tl.priority
-                   AND h.visible_at <= (SELECT now FROM clock)
-                 ORDER BY h.last_served, h.deadline_key, h.since
-                 LIMIT 1
-             ) h
-             WHERE NOT EXISTS (SELECT 1 FROM expired)
-               AND t.priority = (SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1)
-               AND (t.priority IS DISTINCT FROM v_prio OR NOT (t.tenant_ref = ANY(v_served)))
-             ORDER BY t.priority DESC, t.last_served, t.since
-             LIMIT v_k
+            -- Up to v_m sessions each, handed out round by round (every
+            -- tenant's first, then every tenant's second, ...).
+            SELECT r.id FROM (
+                SELECT h.id, h.rn, t.last_served, t.since FROM dispatch_fair_tenants t
+                 CROSS JOIN LATERAL (
+                     SELECT x.tenant_ref, x.priority FROM dispatch_fair_tenants x
+                     WHERE x.priority = t.priority AND x.tenant_ref = t.tenant_ref
+                     FOR NO KEY UPDATE SKIP LOCKED
+                 ) tl
+                 CROSS JOIN LATERAL (
+                     SELECT s.id, row_number() OVER () AS rn FROM (
+                         SELECT h.id FROM dispatch_fair_heads h
+                         WHERE h.tenant_ref = tl.tenant_ref AND h.priority = tl.priority
+                           AND h.visible_at <= (SELECT now FROM clock)
+                         ORDER BY h.last_served, h.deadline_key, h.since
+                         LIMIT v_m
+                     ) s
+                 ) h
+                 WHERE NOT EXISTS (SELECT 1 FROM expired)
+                   AND t.priority = (SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1)
+                   AND (t.priority IS DISTINCT FROM v_prio OR NOT (t.tenant_ref = ANY(v_served)))
+                 ORDER BY t.priority DESC, t.last_served, t.since
+                 LIMIT v_k
+            ) r
+            ORDER BY r.rn, r.last_served, r.since
         ), walk AS MATERIALIZED (
             -- Else one turn, walking every priority and tenant in order.
             SELECT h.id FROM dispatch_fair_tenants t
@@ -749,17 +768,19 @@ BEGIN
             WHERE g.priority = l.priority AND g.group_ref = l.group_ref
               AND m.priority = l.priority AND m.group_ref = l.group_ref
         ), lock_tenant AS MATERIALIZED (
-            SELECT x.priority, x.tenant_ref FROM mark m
+            -- A tenant served several times in the pass is stamped once, with its last mark.
+            SELECT x.priority, x.tenant_ref, m.n FROM (
+                SELECT m.priority, m.tenant_ref, max(m.n) AS n FROM mark m GROUP BY m.priority, m.tenant_ref
+            ) m
             CROSS JOIN LATERAL (
                 SELECT x.priority, x.tenant_ref FROM dispatch_fair_tenants x
                 WHERE x.priority = m.priority AND x.tenant_ref = m.tenant_ref
                 FOR NO KEY UPDATE SKIP LOCKED
             ) x
         ), served_tenant AS (
-            UPDATE dispatch_fair_tenants t SET last_served = m.n
-            FROM lock_tenant l, mark m
+            UPDATE dispatch_fair_tenants t SET last_served = l.n
+            FROM lock_tenant l
             WHERE t.priority = l.priority AND t.tenant_ref = l.tenant_ref
-              AND m.priority = l.priority AND m.tenant_ref = l.tenant_ref
         )
         SELECT c.id, c.envelope, c.deliveries, c.claimed_at, c.job_id,
                r.now, r.item, r.leaf, r.blocker_status, r.blocker_expires_at, c.tenant_ref, c.priority
@@ -778,7 +799,9 @@ BEGIN
                 v_prio := rec.priority;
                 v_served := '{}';
             END IF;
-            v_served := v_served || rec.tenant_ref;
+            IF NOT rec.tenant_ref = ANY(v_served) THEN
+                v_served := v_served || rec.tenant_ref;
+            END IF;
         END LOOP;
         IF got = v_before THEN
             EXIT WHEN v_prio IS NULL;
