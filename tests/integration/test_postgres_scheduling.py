@@ -305,3 +305,29 @@ def test_a_batch_wider_than_the_tenants_serves_them_round_by_round(h: Harness) -
         ("a", "a5"),
         ("c", "c5"),
     ]
+
+
+def _holding_the_tenant_rows(h: Harness) -> psycopg.Connection[Any]:
+    """A session holding every fairness tenant row, as another worker's open claim does."""
+    other = psycopg.connect(h.env["STATE_DB_URI"])
+    other.execute("SELECT 1 FROM dispatch_fair_tenants FOR NO KEY UPDATE")
+    return other
+
+
+def test_a_claim_beside_another_on_the_only_tenant_takes_its_sessions_in_order(h: Harness) -> None:
+    """While another claim holds the one tenant's row, a claim still takes its
+    sessions in order (in one pass: a fleet of processes serving one tenant)."""
+    d = h.dispatcher()
+    d.submit_many([Submission(kind="echo", tenant="a", session_id=f"s{s}") for s in range(6)])
+    with _holding_the_tenant_rows(h):
+        batch = open_flow(h.store, h.transport).claim("w:0", 4, ttl_s=30.0)
+    assert [c.envelope.session_id for c in batch.claimed] == ["s0", "s1", "s2", "s3"]
+
+
+def test_a_claim_beside_another_on_several_tenants_still_alternates(h: Harness) -> None:
+    d = h.dispatcher()
+    for tenant in ("a", "b"):
+        d.submit_many([Submission(kind="echo", tenant=tenant, session_id=f"{tenant}{s}") for s in range(4)])
+    with _holding_the_tenant_rows(h):
+        batch = open_flow(h.store, h.transport).claim("w:0", 6, ttl_s=30.0)
+    assert [c.envelope.tenant for c in batch.claimed] == ["a", "b", "a", "b", "a", "b"]

@@ -656,6 +656,8 @@ DECLARE
     v_counted integer;  -- the priority v_tenants counts
     v_k integer;  -- how many this pass may claim
     v_m integer;  -- how many sessions of one tenant this pass may claim
+    v_top_n bigint;  -- tenants at the top priority (counted up to v_k + 1)
+    v_alone boolean;  -- one tenant at the top priority, at a new round
     v_before integer;
 BEGIN
     WHILE got < p_n LOOP
@@ -666,11 +668,14 @@ BEGIN
         -- sessions would otherwise pay a pass per turn): as many whole rounds
         -- as every tenant of the top priority fits in, the rest by later passes.
         v_m := 1;
+        v_alone := false;
         IF v_k > 1 AND cardinality(v_served) = 0 THEN
-            v_m := greatest(1, v_k / (SELECT count(*) FROM (
+            v_top_n := (SELECT count(*) FROM (
                 SELECT 1 FROM dispatch_fair_tenants x
                 WHERE x.priority = (SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1)
-                LIMIT v_k + 1) n));
+                LIMIT v_k + 1) n);
+            v_m := greatest(1, v_k / v_top_n);
+            v_alone := v_top_n = 1;
         END IF;
         FOR rec IN
         WITH clock AS MATERIALIZED (
@@ -714,20 +719,34 @@ BEGIN
             ) r
             ORDER BY r.rn, r.last_served, r.since
         ), walk AS MATERIALIZED (
-            -- Else one turn, walking every priority and tenant in order.
-            SELECT h.id FROM dispatch_fair_tenants t
-             CROSS JOIN LATERAL (
-                 SELECT h.id FROM dispatch_fair_heads h
-                 WHERE h.tenant_ref = t.tenant_ref AND h.priority = t.priority
-                   AND h.visible_at <= (SELECT now FROM clock)
-                 ORDER BY h.last_served, h.deadline_key, h.since
+            -- Else one turn, walking every priority and tenant in order; the
+            -- whole new round (v_m) when the first is the top priority's only
+            -- tenant (another claim holds its row right now): with several,
+            -- one turn a pass keeps them taking turns, as rounds do.
+            SELECT h.id FROM (
+                SELECT t.priority, t.tenant_ref FROM dispatch_fair_tenants t
+                 CROSS JOIN LATERAL (
+                     SELECT h.id FROM dispatch_fair_heads h
+                     WHERE h.tenant_ref = t.tenant_ref AND h.priority = t.priority
+                       AND h.visible_at <= (SELECT now FROM clock)
+                     ORDER BY h.last_served, h.deadline_key, h.since
+                     LIMIT 1
+                 ) h
+                 WHERE NOT EXISTS (SELECT 1 FROM expired) AND NOT EXISTS (SELECT 1 FROM round)
+                   AND (v_prio IS NULL OR t.priority > v_prio
+                        OR (t.priority = v_prio AND NOT (t.tenant_ref = ANY(v_served))))
+                 ORDER BY t.priority DESC, t.last_served, t.since
                  LIMIT 1
-             ) h
-             WHERE NOT EXISTS (SELECT 1 FROM expired) AND NOT EXISTS (SELECT 1 FROM round)
-               AND (v_prio IS NULL OR t.priority > v_prio
-                    OR (t.priority = v_prio AND NOT (t.tenant_ref = ANY(v_served))))
-             ORDER BY t.priority DESC, t.last_served, t.since
-             LIMIT 1
+            ) w
+            CROSS JOIN LATERAL (
+                SELECT h.id FROM dispatch_fair_heads h
+                WHERE h.tenant_ref = w.tenant_ref AND h.priority = w.priority
+                  AND h.visible_at <= (SELECT now FROM clock)
+                ORDER BY h.last_served, h.deadline_key, h.since
+                LIMIT CASE WHEN v_alone AND w.priority = (
+                    SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1
+                ) THEN v_m ELSE 1 END
+            ) h
         ), pick AS MATERIALIZED (
             -- The picked ids as one array, in claim order: the update below is
             -- then a primary-key probe per id. Joined as a row set, the generic
