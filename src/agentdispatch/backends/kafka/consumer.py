@@ -52,6 +52,10 @@ SEQ_HEADER = "agentdispatch-seq"
 #: ``buffer_max`` before fetching pauses regardless.
 HARD_FACTOR = 16
 
+#: How long an assignment after an outage may go without a fetch answer on a
+#: partition before the consumer counts as starved (see :meth:`OwnedConsumer.stranded`).
+STARVE_S = 2.0
+
 #: The longest :meth:`OwnedConsumer.close` waits for the client to leave its group.
 CLOSE_TIMEOUT_S = 10.0
 
@@ -446,16 +450,30 @@ class OwnedConsumer:
         finally:
             self.lock.release()
 
-    def stranded(self) -> bool:
+    def stranded(self, now: float | None = None, starve_s: float = STARVE_S, bridge_s: float = 0.0) -> bool:
         """Whether the group cannot deliver to this consumer now: every
         broker went away and since then the consumer has had neither an
         assignment nor a fetch answer. It delivers again once the group has
         rejoined; until then its owner may claim ready items from the store
-        (:mod:`.direct`)."""
+        (:mod:`.direct`).
+
+        Also while it is starved: assigned since the outage, ``starve_s`` ago
+        or more (less than ``starve_s + bridge_s``), and a partition it holds
+        has had no fetch answer since the outage, or it holds none. A broker
+        that lost its log and its group may hand out an empty (stale)
+        assignment, or leave fetch positions past its new log's end without
+        an out-of-range answer: nothing arrives until the stall watch rejoins
+        the group (``stall_s``, the bridge). A broker that keeps its log
+        answers a fetch at once (a message, or the partition's end)."""
         edge = self.outage_at
-        if edge is None or self._assigned_at > edge:
+        if edge is None:
             return False
-        return not any(t > edge for t in self._fetched_at.values())
+        if self._assigned_at <= edge:
+            return not any(t > edge for t in self._fetched_at.values())
+        held = (time.monotonic() if now is None else now) - self._assigned_at
+        if held < starve_s or held >= starve_s + bridge_s:
+            return False
+        return not self.assigned or any(self._fetched_at.get(p, edge) <= edge for p in self.assigned)
 
     def log_ends(self, wait_s: float = 0.5) -> dict[int, int]:
         """Each assigned partition's log end as this consumer's fetches saw it

@@ -179,8 +179,12 @@ class KafkaTransport:
         self._relay_wake = threading.Event()
         self._closed = False
         self._retired = {"assignments": 0, "revocations": 0}
-        # While a consumer has no assignment after an outage, its owner claims
-        # ready items from the store (see :mod:`.direct`).
+        # Per owner: the outage (last seen, began) of a consumer that rejoined
+        # the group after it, for the consumer made next (see :meth:`_rejoin`).
+        self._outages: dict[str, tuple[float | None, float | None]] = {}
+        # While a consumer has no assignment after an outage, or is starved
+        # (assigned, fetching nothing), its owner claims ready items from the
+        # store (see :mod:`.direct`).
         self._direct = DirectClaims()
         # Monotonic: until when a busy Kafka delivery is likely a turn claimed
         # from the store (short: retried soon, not held a whole lease).
@@ -238,6 +242,12 @@ class KafkaTransport:
     @redeliver_after_s.setter
     def redeliver_after_s(self, value: float) -> None:
         self._redeliver_base_s = value
+
+    @property
+    def _watch_every_s(self) -> float:
+        # Often enough that the redelivery cutoff (Drained) follows the group
+        # within a fraction of a TTL.
+        return max(0.5, min(self.stall_s / 4, self._redeliver_base_s / 2))
 
     # -- health and admission ---------------------------------------------------
     def ping(self) -> None:
@@ -367,6 +377,10 @@ class KafkaTransport:
                 oc = OwnedConsumer(
                     owner, self._consumer_config, self.topic, buffer_max=self.buffer_max, poll_every_s=self.keepalive_s
                 )
+                # A member made anew for the outage its predecessor saw (see
+                # :meth:`_rejoin`) cannot deliver until it is assigned, and
+                # may be starved after that, as the predecessor would be.
+                oc.outage_at, oc.outage_began = self._outages.pop(owner, (None, None))
                 self._consumers[owner] = oc
             if self._keepalive is None:
                 self._keepalive = threading.Thread(target=self._keepalive_loop, name="kafka-keepalive", daemon=True)
@@ -389,7 +403,9 @@ class KafkaTransport:
         self._auto_relay()
         oc = self._consumer(owner)
         store = self._outbox
-        if store is not None and oc.stranded():
+        # Starved (assigned after an outage, fetching nothing) is bridged
+        # until the stall watch could have rejoined the group.
+        if store is not None and oc.stranded(time.monotonic(), bridge_s=self.stall_s + self._watch_every_s):
             got = oc.get(visibility_s, 0.0)
             if got is None:
                 try:
@@ -472,9 +488,8 @@ class KafkaTransport:
 
     def _watch_loop(self) -> None:
         # Its own thread: the probe may wait on the broker, which must not
-        # delay the keepalive polls. Often enough that the redelivery cutoff
-        # (Drained) follows the group within a fraction of a TTL.
-        every = max(0.5, min(self.stall_s / 4, self._redeliver_base_s / 2))
+        # delay the keepalive polls.
+        every = self._watch_every_s
         wait = 0.0  # the first probe at once: until then re-publication waits longer
         while not self._stop.wait(wait):
             wait = every
@@ -579,6 +594,8 @@ class KafkaTransport:
     def _rejoin(self, oc: OwnedConsumer) -> None:
         log.warning("a Kafka consumer saw no rebalance after the brokers came back: rejoining the group")
         self.rejoins += 1
+        with self._lock:
+            self._outages[oc.owner] = (oc.outage_at, oc.outage_began)
         self._retire(oc)
 
     def _handoff(self, oc: OwnedConsumer) -> None:
