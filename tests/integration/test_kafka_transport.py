@@ -437,3 +437,63 @@ def test_items_published_after_the_last_probe_of_a_lost_log_go_out_again_at_once
     # a minute on a loaded one.
     seen = {Envelope.from_json(x.raw).job_id for x in _drain(transport, 6, owner="w:0", timeout=150)}
     assert set(late) <= seen
+
+
+def _pinged(transport: KafkaTransport) -> bool:
+    try:
+        transport.ping()
+    except TaskQueueUnavailable:
+        return False
+    return True
+
+
+def test_a_worker_starved_by_a_broker_that_lost_its_log_runs_ready_turns_from_the_store(env: Env) -> None:
+    """Back without its log or its group, the broker lets the consumer rejoin
+    into nothing: an empty, stale assignment, or no assignment at all for the
+    member made anew after the outage; fetches past the new log's end would
+    get no out-of-range answer either. Nothing arrived until the stall watch
+    rejoined the group. Ready turns whose messages the log lost are run from
+    the store meanwhile; the stall watch (``stall_s``) and the redelivery
+    delay are far longer than the wait here."""
+    settings = env.settings(claim_ttl_s=3, renew_interval_s=1, agent_turns_partitions=2)
+    # Group probes 10 s apart (half the redelivery delay; no reconciler runs
+    # here), which find the topic gone and create it again; the stall watch
+    # far later than the wait here.
+    store, transport = env.open(settings, redeliver_after_s=20.0, stall_s=600.0, timeout_s=3.0)
+    runs: list[str] = []
+    reg = Registry()
+    reg.add("work", lambda turn, guard: runs.append(turn.job_id) or "ok")
+    opts = WorkerOptions(threads=1, get_wait_s=0.05, reconcile=False)
+    worker = Worker(settings, store, transport, reg, options=opts)
+    owner = f"{worker.worker_id}:0"
+    transport.prepare(owner)  # the worker's consumer, in the group before the crash
+    consumer = transport._consumer(owner)
+    d = Dispatcher(store, transport, settings)
+    subs = [Submission(kind="work", tenant="t", session_id=f"s{i}") for i in range(5)]
+    jobs = [h.job_id for h in d.submit_many(subs)]
+    env.broker.kill()  # memory storage: the log with their messages is gone
+    assert _until(lambda: consumer.outage_at is not None), "the consumer never saw the broker go"
+    env.broker.start()  # same port, empty log, no group
+    back = time.monotonic()
+
+    def past_the_rejoin() -> bool:
+        # Assigned again (Tansu: an empty assignment while the topic is still
+        # gone, which its creation by the group watch does not change), or
+        # made anew by the keepalive, as a member that saw no rebalance (the
+        # new member is never assigned). Before either the consumer is
+        # stranded (no assignment since the outage): the store covered that.
+        oc = transport._consumer(owner)
+        return oc is not consumer or oc._assigned_at > back
+
+    assert _until(past_the_rejoin, timeout=60), "the consumer never rejoined the group"
+    worker.start()
+    try:
+
+        def succeeded() -> bool:
+            return all(store.get(j, None).status is Status.SUCCEEDED for j in jobs)
+
+        assert _until(succeeded, timeout=60), "ready turns waited for the stall watch"
+    finally:
+        worker.stop(grace_s=5)
+    assert sorted(runs) == sorted(jobs)
+    assert transport.stats()["direct"] >= len(jobs)

@@ -3,8 +3,12 @@
 After the brokers went away (or lost their log) a consumer has no assignment
 until the group has rejoined, which a broker may hold back for seconds (Tansu
 holds a restarted group's first JoinGroup about a session's worth) while the
-ready items sit in the store. A worker thread whose consumer has had no
-assignment since then claims them from the store instead: each is handed out
+ready items sit in the store; and a broker that lost its log and group may
+let it rejoin into nothing (an empty, stale assignment; fetch positions past
+the new log's end that get no out-of-range answer) until the stall watch
+rejoins the group. A worker thread whose consumer has had no assignment since
+then, or is so starved (assigned, no fetch answer since), claims them from
+the store instead: each is handed out
 as a delivery whose receipt is :class:`StoreRef`, and the worker claims it as
 it claims any delivery, fenced by the store's lease. The store keeps the rules
 it keeps for every delivery (session order, leases, readiness), so a turn run

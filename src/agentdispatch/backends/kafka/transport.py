@@ -12,8 +12,8 @@ turn, a keepalive thread polls its consumer so that a turn longer than
 ``max.poll.interval.ms`` neither duplicates nor triggers a rebalance; a
 delivery that outlives its visibility hands its partitions to the other
 consumers (the SQS-like contract every transport shares). While the group
-cannot deliver to a consumer after an outage, its owner claims ready items
-from the store (:mod:`.direct`).
+cannot deliver to a consumer after an outage (no assignment yet, or one that
+fetches nothing), its owner claims ready items from the store (:mod:`.direct`).
 """
 
 from __future__ import annotations
