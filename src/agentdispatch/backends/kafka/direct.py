@@ -34,7 +34,8 @@ from ...workitem import Status, WorkItem
 #: How often a process reads the store's ready items while a consumer needs them.
 REFRESH_S = 0.25
 
-#: The most ready items one read takes (newest first, as the listing orders them).
+#: The most ready items one read takes (the oldest ready; newest first from a
+#: store with only the listing).
 SCAN = 2000
 
 
@@ -49,6 +50,16 @@ class ReadyListing(Protocol):
 
     def list_jobs(self, *, tenant: str | None, status: Status | None, limit: int, offset: int) -> list[WorkItem]:
         """Items newest first."""
+
+
+@runtime_checkable
+class ReadyDue(Protocol):
+    """The store's own read of the ready items (the memory, SQLite and
+    PostgreSQL stores): on the partial index of ready items, where the
+    listing reads every item of the status, newest first."""
+
+    def ready_due(self, *, now: float, limit: int) -> list[WorkItem]:
+        """Ready items due by ``now`` (unix), oldest ready first, at most ``limit``."""
 
 
 @dataclass(frozen=True)
@@ -120,9 +131,9 @@ class DirectClaims:
 
     def take(self, store: object, owner: str) -> Delivery | None:
         """The next ready item as a delivery for ``owner``, or None (none left
-        of the last read, made less than ``refresh_s`` ago; or a store without
-        a listing)."""
-        if not isinstance(store, ReadyListing):
+        of the last read, made less than ``refresh_s`` ago; or a store with
+        neither read of its ready items)."""
+        if not isinstance(store, (ReadyDue, ReadyListing)):
             return None
         with self._lock:
             now = time.monotonic()
@@ -132,7 +143,10 @@ class DirectClaims:
             # slow read (a large table) is repeated less often.
             if now - self._read_at >= max(self.refresh_s, COST_FACTOR * self._cost):
                 self._read_at = now
-                items = store.list_jobs(tenant=None, status=Status.READY, limit=self.scan, offset=0)
+                if isinstance(store, ReadyDue):
+                    items = store.ready_due(now=time.time(), limit=self.scan)
+                else:
+                    items = store.list_jobs(tenant=None, status=Status.READY, limit=self.scan, offset=0)
                 self._cost = time.monotonic() - now
                 self._rotate += 1
                 self._pending = deque(claim_order(items, time.time(), self._rotate))

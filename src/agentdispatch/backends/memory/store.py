@@ -169,6 +169,13 @@ class MemoryStore:
         ]
         return picked[offset : offset + limit]
 
+    def ready_due(self, *, now: float, limit: int) -> list[WorkItem]:
+        """Ready items due by ``now`` (unix), oldest ready first, at most ``limit``."""
+        with self.db.read() as t:
+            due = [i for i in t.items.values() if i.status is Status.READY and i.ready_at <= now]
+        due.sort(key=lambda i: i.ready_at)
+        return due[:limit]
+
     def counts(self, tenant: str | None) -> dict[str, int]:
         out: dict[str, int] = {}
         with self.db.read() as t:

@@ -325,6 +325,11 @@ class PostgresStore:
         rows = self.db.read(lambda c: c.execute(query, params).fetchall())
         return [item_from_row(r) for r in rows]
 
+    def ready_due(self, *, now: float, limit: int) -> list[WorkItem]:
+        """Ready items due by ``now`` (unix), oldest ready first, at most ``limit``."""
+        rows = self.db.read(lambda c: c.execute(Q["ready_due"], {"now": now, "limit": limit}).fetchall())
+        return [item_from_row(r) for r in rows]
+
     def counts(self, tenant: str | None) -> dict[str, int]:
         rows = self.db.read(lambda c: c.execute(Q["counts"], {"tenant": tenant}).fetchall())
         return {r["status"]: int(r["n"]) for r in rows}

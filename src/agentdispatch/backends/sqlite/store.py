@@ -452,6 +452,10 @@ class SqliteStore:
         rows = self.db.conn().execute(Q["search"] if filters else Q["list"], params)
         return [item_from_row(r) for r in rows]
 
+    def ready_due(self, *, now: float, limit: int) -> list[WorkItem]:
+        """Ready items due by ``now`` (unix), oldest ready first, at most ``limit``."""
+        return [item_from_row(r) for r in self.db.conn().execute(Q["ready_due"], {"now": now, "limit": limit})]
+
     def counts(self, tenant: str | None) -> dict[str, int]:
         rows = self.db.conn().execute(Q["counts"], {"tenant": tenant})
         return {r["status"]: int(r["n"]) for r in rows}

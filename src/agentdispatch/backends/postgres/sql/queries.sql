@@ -275,6 +275,12 @@ RETURNING id
 -- name: fair_sweep
 SELECT dispatch_fair_sweep(%(limit)s) AS n
 
+-- name: ready_due
+-- Ready items due by now, oldest ready first (the partial ready index, in its order).
+SELECT * FROM work_items
+WHERE status = 'ready' AND ready_at <= %(now)s
+ORDER BY ready_at LIMIT %(limit)s
+
 -- name: list
 SELECT * FROM work_items
 WHERE (%(tenant)s::text IS NULL OR tenant = %(tenant)s) AND (%(status)s::text IS NULL OR status = %(status)s)

@@ -166,6 +166,12 @@ WHERE claimed_by IS NULL AND job_id IN (
     LIMIT 500
 )
 
+-- name: ready_due
+-- Ready items due by :now, oldest ready first (the partial ready index, in its order).
+SELECT * FROM work_items INDEXED BY work_items_ready
+WHERE status = 'ready' AND ready_at <= :now
+ORDER BY ready_at LIMIT :limit
+
 -- name: list
 SELECT * FROM work_items
 WHERE (:tenant IS NULL OR tenant = :tenant) AND (:status IS NULL OR status = :status)
