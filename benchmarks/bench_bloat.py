@@ -10,7 +10,14 @@ baseline's and when the gauge first passed the alert rule's 120 s. The
 scenario asks for the alert within 5 min and claim p99 back to baseline within
 5 min after the transaction ends. No assertions.
 
+The shared test server runs with autovacuum off, so there only pruning on
+access removes the dead rows once the hold ends. ``--private`` runs on a
+cluster of the benchmark's own (initdb in a temp dir, a free port) with the
+server's defaults: autovacuum on, 128MB shared buffers; ``--naptime`` sets
+autovacuum_naptime (default 1min).
+
     python benchmarks/bench_bloat.py --before 60 --hold 600 --after 300
+    python benchmarks/bench_bloat.py --private --before 60 --hold 300 --after 300
 """
 
 from __future__ import annotations
@@ -19,9 +26,11 @@ import argparse
 import asyncio
 import os
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -36,6 +45,8 @@ from agentdispatch.settings import load_settings
 
 BASE = os.environ.get("AGENTDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 ALERT_S = 120.0
+RECOVERED = 1.25  # a window's p99 at most this times the baseline's counts as back
+TABLES = ("agent_dispatch_queue", "work_items", "work_events", "dispatch_fair_tenants", "dispatch_fair_groups")
 
 
 def pct(values: list[float], p: float) -> float:
@@ -54,6 +65,8 @@ class Probe:
         self.lock = threading.Lock()
         self.latencies: list[float] = []
         self.rows: list[tuple[str, float, float, float, int, float]] = []
+        self.fair_dead = 0
+        self.vacuums = 0
 
     def started(self, latency_s: float) -> None:
         with self.lock:
@@ -63,33 +76,54 @@ class Probe:
         with self.lock:
             window, self.latencies = self.latencies, []
         with psycopg.connect(self.uri, autocommit=True) as c:
-            row = c.execute(
-                "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables "
-                "WHERE relname IN ('agent_dispatch_queue', 'work_items', 'work_events')"
-            ).fetchone()
-        dead = int(row[0]) if row else 0
+            stats = {
+                name: (int(dead), int(vacuums))
+                for name, dead, vacuums in c.execute(
+                    "SELECT relname, n_dead_tup, autovacuum_count FROM pg_stat_user_tables WHERE relname = ANY(%s)",
+                    (list(TABLES),),
+                ).fetchall()
+            }
+        dead = sum(stats.get(name, (0, 0))[0] for name in TABLES[:3])
+        fair = sum(stats.get(name, (0, 0))[0] for name in TABLES[3:])
+        vacuums = sum(v for _d, v in stats.values())
         p50, p99 = pct(window, 0.5) * 1000, pct(window, 0.99) * 1000
         age = self.gauge()
         self.rows.append((phase, t, p50, p99, dead, age))
         print(
             f"{phase:>7} t={t:6.0f} s  turns={len(window):5d}  p50={p50:7.1f} ms  p99={p99:7.1f} ms  "
-            f"dead rows={dead:8d}  oldest xact={age:6.0f} s",
+            f"dead rows={dead:8d}  fairness={fair:6d}  autovacuums={vacuums:3d}  oldest xact={age:6.0f} s",
             flush=True,
         )
 
 
-def fresh_database() -> str:
+def fresh_database(base: str) -> str:
     name = f"bench_bloat_{os.getpid()}"
-    with psycopg.connect(BASE, autocommit=True) as c:
+    with psycopg.connect(base, autocommit=True) as c:
         c.execute(f'DROP DATABASE IF EXISTS "{name}"')
         c.execute(f'CREATE DATABASE "{name}"')
-    return BASE.rsplit("/", 1)[0] + "/" + name
+    return base.rsplit("/", 1)[0] + "/" + name
 
 
-def drop_database(uri: str) -> None:
+def drop_database(base: str, uri: str) -> None:
     name = uri.rsplit("/", 1)[1]
-    with psycopg.connect(BASE, autocommit=True) as c:
+    with psycopg.connect(base, autocommit=True) as c:
         c.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def private_cluster(naptime: str | None) -> Any:
+    """A started cluster of the benchmark's own, with the server's defaults
+    (autovacuum on) but for ``autovacuum_naptime`` when given."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from pg import PrivateCluster
+
+    cluster = PrivateCluster()
+    conf = cluster.data / "postgresql.auto.conf"
+    # PrivateCluster keeps test clusters small; the scenario wants the defaults.
+    extra = "shared_buffers = '128MB'\nautovacuum = on\n"
+    if naptime:
+        extra += f"autovacuum_naptime = '{naptime}'\n"
+    conf.write_text(conf.read_text() + extra)
+    return cluster.start()
 
 
 def main() -> None:
@@ -99,9 +133,21 @@ def main() -> None:
     ap.add_argument("--hold", type=float, default=300.0)
     ap.add_argument("--after", type=float, default=300.0)
     ap.add_argument("--window", type=float, default=30.0)
+    ap.add_argument("--private", action="store_true", help="a cluster of its own, autovacuum on")
+    ap.add_argument("--naptime", help="autovacuum_naptime of the private cluster (e.g. 15s)")
     args = ap.parse_args()
 
-    uri = fresh_database()
+    cluster = private_cluster(args.naptime) if args.private else None
+    base = cluster.uri() if cluster is not None else BASE
+    try:
+        run(args, base)
+    finally:
+        if cluster is not None:
+            cluster.destroy()
+
+
+def run(args: argparse.Namespace, base: str) -> None:
+    uri = fresh_database(base)
     with psycopg.connect(uri, autocommit=True) as c:
         row = c.execute("SELECT current_setting('autovacuum'), current_setting('autovacuum_naptime')").fetchone()
     # Without autovacuum only pruning on access removes dead rows after the hold.
@@ -167,7 +213,7 @@ def main() -> None:
         runner.join(timeout=30)
         transport.close()
         store.close()
-        drop_database(uri)
+        drop_database(base, uri)
 
     by_phase: dict[str, list[float]] = {}
     for phase, _t, _p50, p99, _dead, _age in probe.rows:
@@ -178,6 +224,13 @@ def main() -> None:
         values = by_phase.get(phase, [])
         if values:
             print(f"{phase}: p99 per window as a ratio of baseline: " + ", ".join(f"{v / base:.2f}" for v in values))
+    after = [(t, p99) for phase, t, _p50, p99, _dead, _age in probe.rows if phase == "after"]
+    back = next((i for i in range(len(after)) if all(v <= RECOVERED * base for _t, v in after[i:])), None)
+    ended = args.before + args.hold
+    print(
+        f"p99 back within {RECOVERED:.2f}x baseline (and staying there) "
+        + (f"in the window ending {after[back][0] - ended:.0f} s after the hold" if back is not None else "never")
+    )
     print(
         "gauge past the 120 s alert threshold "
         + (f"{alert_at:.0f} s after the transaction began" if alert_at is not None else "never (hold too short?)")
