@@ -719,40 +719,43 @@ BEGIN
             ) r
             ORDER BY r.rn, r.last_served, r.since
         ), walk AS MATERIALIZED (
-            -- Else one turn, walking every priority and tenant in order; the
-            -- whole new round (v_m) when the first is the top priority's only
-            -- tenant (another claim holds its row right now): with several,
-            -- one turn a pass keeps them taking turns, as rounds do.
-            SELECT h.id FROM (
-                SELECT t.priority, t.tenant_ref FROM dispatch_fair_tenants t
-                 CROSS JOIN LATERAL (
-                     SELECT h.id FROM dispatch_fair_heads h
-                     WHERE h.tenant_ref = t.tenant_ref AND h.priority = t.priority
-                       AND h.visible_at <= (SELECT now FROM clock)
-                     ORDER BY h.last_served, h.deadline_key, h.since
-                     LIMIT 1
-                 ) h
-                 WHERE NOT EXISTS (SELECT 1 FROM expired) AND NOT EXISTS (SELECT 1 FROM round)
-                   AND (v_prio IS NULL OR t.priority > v_prio
-                        OR (t.priority = v_prio AND NOT (t.tenant_ref = ANY(v_served))))
-                 ORDER BY t.priority DESC, t.last_served, t.since
+            -- Else one turn, walking every priority and tenant in order.
+            SELECT h.id, t.priority, t.tenant_ref FROM dispatch_fair_tenants t
+             CROSS JOIN LATERAL (
+                 SELECT h.id FROM dispatch_fair_heads h
+                 WHERE h.tenant_ref = t.tenant_ref AND h.priority = t.priority
+                   AND h.visible_at <= (SELECT now FROM clock)
+                 ORDER BY h.last_served, h.deadline_key, h.since
                  LIMIT 1
-            ) w
+             ) h
+             WHERE NOT EXISTS (SELECT 1 FROM expired) AND NOT EXISTS (SELECT 1 FROM round)
+               AND (v_prio IS NULL OR t.priority > v_prio
+                    OR (t.priority = v_prio AND NOT (t.tenant_ref = ANY(v_served))))
+             ORDER BY t.priority DESC, t.last_served, t.since
+             LIMIT 1
+        ), walk_more AS MATERIALIZED (
+            -- And the rest of a new round (v_m) when that turn's tenant is the
+            -- top priority's only one (another claim holds its row right now):
+            -- with several, one turn a pass keeps them taking turns, as rounds do.
+            SELECT h.id FROM walk w
             CROSS JOIN LATERAL (
                 SELECT h.id FROM dispatch_fair_heads h
                 WHERE h.tenant_ref = w.tenant_ref AND h.priority = w.priority
-                  AND h.visible_at <= (SELECT now FROM clock)
+                  AND h.visible_at <= (SELECT now FROM clock) AND h.id <> w.id
                 ORDER BY h.last_served, h.deadline_key, h.since
-                LIMIT CASE WHEN v_alone AND w.priority = (
-                    SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1
-                ) THEN v_m ELSE 1 END
+                LIMIT v_m - 1
             ) h
+            WHERE v_alone AND v_m > 1
+              AND w.priority = (SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1)
         ), pick AS MATERIALIZED (
             -- The picked ids as one array, in claim order: the update below is
             -- then a primary-key probe per id. Joined as a row set, the generic
             -- plan (which guesses LIMIT v_k at a tenth of the tenants) hashed
             -- the whole queue once the fairness tables held many tenants.
-            SELECT ARRAY(SELECT id FROM expired UNION ALL SELECT id FROM round UNION ALL SELECT id FROM walk) AS ids
+            SELECT ARRAY(
+                SELECT id FROM expired UNION ALL SELECT id FROM round
+                UNION ALL SELECT id FROM walk UNION ALL SELECT id FROM walk_more
+            ) AS ids
         ), claimed AS (
             UPDATE agent_dispatch_queue q
             SET claimed_by = p_owner, claimed_at = clock.now, visible_at = clock.now + p_vis,
