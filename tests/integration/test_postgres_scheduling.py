@@ -88,48 +88,6 @@ def test_least_recently_served_tenant_then_session(h: Harness) -> None:
     assert rest.index("b-x-1") < rest.index("b-x-2")
 
 
-def test_a_mark_that_keeps_the_order_writes_no_row_version(h: Harness) -> None:
-    """A claim stamps its tenant and session as served only when the stamp
-    moves them: the only tenant queued, served last already, keeps its row as
-    it is (no dead version for vacuum to remove, none for a long transaction
-    to pile up), and so does a session served last among its tenant's."""
-    d = h.dispatcher()
-    d.submit_many(
-        [Submission(kind="echo", job_id=f"s-{k}", tenant="a", session_id="s") for k in range(3)]
-        + [Submission(kind="echo", job_id="x-0", tenant="a", session_id="x")]
-    )
-    schema = _schema(h)
-
-    def versions() -> tuple[object, object]:
-        """The tenant's and session s's row versions (xmin), as committed."""
-        with admin() as conn:
-            tenant = conn.execute(f"SELECT xmin::text FROM {schema}.dispatch_fair_tenants").fetchall()
-            group = conn.execute(
-                f"SELECT g.xmin::text FROM {schema}.dispatch_fair_groups g "
-                f"WHERE g.group_ref = (SELECT q.group_ref FROM {schema}.agent_dispatch_queue q WHERE q.job_id = 's-2')"
-            ).fetchall()
-        return tenant, group
-
-    def claim() -> Any:
-        dl = h.transport.get("t:0", visibility_s=30.0, wait_s=0.0)
-        assert dl is not None
-        return dl
-
-    first = claim()  # s-0: tenant and session stamped (never served before)
-    stamped = versions()
-    second = claim()  # x-0: session x is new, tenant a the only one, newest already
-    assert versions()[0] == stamped[0]
-    assert h.transport.ack(first) and h.transport.ack(second)  # session x pruned
-    third = claim()  # s-1: session s the only one of a left, newest already
-    assert versions() == stamped
-    assert h.transport.ack(third)
-    fourth = claim()
-    assert versions() == stamped
-    assert h.transport.ack(fourth)
-    order = [Envelope.from_json(dl.raw).job_id for dl in (first, second, third, fourth)]
-    assert order == ["s-0", "x-0", "s-1", "s-2"]
-
-
 def test_receipt_of_a_reassigned_claim_deletes_nothing(h: Harness) -> None:
     h.dispatcher().submit(Submission(kind="echo", job_id="j1", tenant="a"))
     first = h.transport.get("w1:0", visibility_s=0.2, wait_s=1.0)

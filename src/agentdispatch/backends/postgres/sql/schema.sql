@@ -776,30 +776,9 @@ BEGIN
                 ORDER BY array_position((SELECT p.ids FROM pick p), c.id)
                 OFFSET 0
             ) c
-        ), group_moves AS MATERIALIZED (
-            -- A mark rewrites its row only when the stamp moves it: a row served
-            -- before that is the most recently served of its order already (its
-            -- tenant's groups; below, its priority's tenants) stays as it is.
-            -- It still sorts after every other row, as stamped, and every later
-            -- stamp after it. A row never served (0) is stamped, and so is every
-            -- row of a statement that marks two of one order (their stamps order
-            -- them). A tenant queued alone gained a row version per claim
-            -- otherwise, and while a long transaction held vacuum back every
-            -- claim stepped over all of them.
-            -- Index probes per mark (by key, then the newest stamp of its order).
-            SELECT m.priority, m.group_ref, m.n FROM mark m
-            CROSS JOIN LATERAL (
-                SELECT x.tenant_ref, x.last_served FROM dispatch_fair_groups x
-                WHERE x.priority = m.priority AND x.group_ref = m.group_ref
-            ) g
-            WHERE g.last_served = 0
-               OR (SELECT count(*) FROM mark o WHERE o.priority = m.priority AND o.tenant_ref = m.tenant_ref) > 1
-               OR (SELECT o.last_served FROM dispatch_fair_groups o
-                   WHERE o.tenant_ref = g.tenant_ref AND o.priority = m.priority
-                   ORDER BY o.last_served DESC LIMIT 1) > g.last_served
         ), lock_group AS MATERIALIZED (
             -- One index probe per claimed row (a join could become a scan).
-            SELECT x.priority, x.group_ref FROM group_moves m
+            SELECT x.priority, x.group_ref FROM mark m
             CROSS JOIN LATERAL (
                 SELECT x.priority, x.group_ref FROM dispatch_fair_groups x
                 WHERE x.priority = m.priority AND x.group_ref = m.group_ref
@@ -807,25 +786,14 @@ BEGIN
             ) x
         ), served_group AS (
             UPDATE dispatch_fair_groups g SET last_served = m.n
-            FROM lock_group l, group_moves m
+            FROM lock_group l, mark m
             WHERE g.priority = l.priority AND g.group_ref = l.group_ref
               AND m.priority = l.priority AND m.group_ref = l.group_ref
-        ), tenant_moves AS MATERIALIZED (
-            -- A tenant served several times in the pass is stamped once, with
-            -- its last mark; it orders against the other tenants marked.
-            SELECT m.priority, m.tenant_ref, m.n FROM (
+        ), lock_tenant AS MATERIALIZED (
+            -- A tenant served several times in the pass is stamped once, with its last mark.
+            SELECT x.priority, x.tenant_ref, m.n FROM (
                 SELECT m.priority, m.tenant_ref, max(m.n) AS n FROM mark m GROUP BY m.priority, m.tenant_ref
             ) m
-            CROSS JOIN LATERAL (
-                SELECT x.last_served FROM dispatch_fair_tenants x
-                WHERE x.priority = m.priority AND x.tenant_ref = m.tenant_ref
-            ) t
-            WHERE t.last_served = 0
-               OR (SELECT count(DISTINCT o.tenant_ref) FROM mark o WHERE o.priority = m.priority) > 1
-               OR (SELECT o.last_served FROM dispatch_fair_tenants o
-                   WHERE o.priority = m.priority ORDER BY o.last_served DESC LIMIT 1) > t.last_served
-        ), lock_tenant AS MATERIALIZED (
-            SELECT x.priority, x.tenant_ref, m.n FROM tenant_moves m
             CROSS JOIN LATERAL (
                 SELECT x.priority, x.tenant_ref FROM dispatch_fair_tenants x
                 WHERE x.priority = m.priority AND x.tenant_ref = m.tenant_ref
