@@ -656,26 +656,27 @@ DECLARE
     v_counted integer;  -- the priority v_tenants counts
     v_k integer;  -- how many this pass may claim
     v_m integer;  -- how many sessions of one tenant this pass may claim
-    v_top_n bigint;  -- tenants at the top priority (counted up to v_k + 1)
     v_alone boolean;  -- one tenant at the top priority, at a new round
     v_before integer;
 BEGIN
     WHILE got < p_n LOOP
         v_k := p_n - got;
         v_before := got;
-        -- A new round with room for several turns a tenant takes them all in
-        -- one pass, as that many rounds would (a fleet of few tenants and many
-        -- sessions would otherwise pay a pass per turn): as many whole rounds
-        -- as every tenant of the top priority fits in, the rest by later passes.
+        -- A new round of the top priority's only tenant takes the whole batch
+        -- in one pass, as that many rounds would (a fleet of one tenant and many
+        -- sessions would otherwise pay a pass per turn). With several tenants a
+        -- pass serves each once: other claims hold some tenants' rows, and a
+        -- pass taking several rounds of the rest would serve those more.
         v_m := 1;
         v_alone := false;
         IF v_k > 1 AND cardinality(v_served) = 0 THEN
-            v_top_n := (SELECT count(*) FROM (
+            v_alone := (SELECT count(*) FROM (
                 SELECT 1 FROM dispatch_fair_tenants x
                 WHERE x.priority = (SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1)
-                LIMIT v_k + 1) n);
-            v_m := greatest(1, v_k / v_top_n);
-            v_alone := v_top_n = 1;
+                LIMIT 2) n) = 1;
+            IF v_alone THEN
+                v_m := v_k;
+            END IF;
         END IF;
         FOR rec IN
         WITH clock AS MATERIALIZED (
