@@ -655,8 +655,8 @@ DECLARE
     v_tenants bigint;
     v_counted integer;  -- the priority v_tenants counts
     v_k integer;  -- how many this pass may claim
-    v_m integer;  -- how many sessions of one tenant this pass may claim
-    v_alone boolean;  -- one tenant at the top priority, at a new round
+    v_m integer;  -- sessions of one tenant this pass may claim (v_k: a lone tenant's new round)
+    v_tops bigint;  -- tenants at the top priority, counted up to 2
     v_before integer;
 BEGIN
     WHILE got < p_n LOOP
@@ -668,13 +668,12 @@ BEGIN
         -- pass serves each once: other claims hold some tenants' rows, and a
         -- pass taking several rounds of the rest would serve those more.
         v_m := 1;
-        v_alone := false;
         IF v_k > 1 AND cardinality(v_served) = 0 THEN
-            v_alone := (SELECT count(*) FROM (
+            v_tops := (SELECT count(*) FROM (
                 SELECT 1 FROM dispatch_fair_tenants x
                 WHERE x.priority = (SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1)
-                LIMIT 2) n) = 1;
-            IF v_alone THEN
+                LIMIT 2) n);
+            IF v_tops = 1 THEN
                 v_m := v_k;
             END IF;
         END IF;
@@ -694,31 +693,25 @@ BEGIN
             -- first, one session head each: one tenant is not served many times
             -- in a row while a claim stalls. Priority order is kept: only the top
             -- priority, and the walk below covers everything else.
-            -- Up to v_m sessions each, handed out round by round (every
-            -- tenant's first, then every tenant's second, ...).
-            SELECT r.id FROM (
-                SELECT h.id, h.rn, t.last_served, t.since FROM dispatch_fair_tenants t
-                 CROSS JOIN LATERAL (
-                     SELECT x.tenant_ref, x.priority FROM dispatch_fair_tenants x
-                     WHERE x.priority = t.priority AND x.tenant_ref = t.tenant_ref
-                     FOR NO KEY UPDATE SKIP LOCKED
-                 ) tl
-                 CROSS JOIN LATERAL (
-                     SELECT s.id, row_number() OVER () AS rn FROM (
-                         SELECT h.id FROM dispatch_fair_heads h
-                         WHERE h.tenant_ref = tl.tenant_ref AND h.priority = tl.priority
-                           AND h.visible_at <= (SELECT now FROM clock)
-                         ORDER BY h.last_served, h.deadline_key, h.since
-                         LIMIT v_m
-                     ) s
-                 ) h
-                 WHERE NOT EXISTS (SELECT 1 FROM expired)
-                   AND t.priority = (SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1)
-                   AND (t.priority IS DISTINCT FROM v_prio OR NOT (t.tenant_ref = ANY(v_served)))
-                 ORDER BY t.priority DESC, t.last_served, t.since
-                 LIMIT v_k
-            ) r
-            ORDER BY r.rn, r.last_served, r.since
+            -- A lone tenant (v_m > 1) gives up to v_m sessions, in order.
+            SELECT h.id FROM dispatch_fair_tenants t
+             CROSS JOIN LATERAL (
+                 SELECT x.tenant_ref, x.priority FROM dispatch_fair_tenants x
+                 WHERE x.priority = t.priority AND x.tenant_ref = t.tenant_ref
+                 FOR NO KEY UPDATE SKIP LOCKED
+             ) tl
+             CROSS JOIN LATERAL (
+                 SELECT h.id FROM dispatch_fair_heads h
+                 WHERE h.tenant_ref = tl.tenant_ref AND h.priority = tl.priority
+                   AND h.visible_at <= (SELECT now FROM clock)
+                 ORDER BY h.last_served, h.deadline_key, h.since
+                 LIMIT v_m
+             ) h
+             WHERE NOT EXISTS (SELECT 1 FROM expired)
+               AND t.priority = (SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1)
+               AND (t.priority IS DISTINCT FROM v_prio OR NOT (t.tenant_ref = ANY(v_served)))
+             ORDER BY t.priority DESC, t.last_served, t.since
+             LIMIT v_k
         ), walk AS MATERIALIZED (
             -- Else one turn, walking every priority and tenant in order.
             SELECT h.id, t.priority, t.tenant_ref FROM dispatch_fair_tenants t
@@ -746,7 +739,7 @@ BEGIN
                 ORDER BY h.last_served, h.deadline_key, h.since
                 LIMIT v_m - 1
             ) h
-            WHERE v_alone AND v_m > 1
+            WHERE v_m > 1
               AND w.priority = (SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1)
         ), pick AS MATERIALIZED (
             -- The picked ids as one array, in claim order: the update below is
