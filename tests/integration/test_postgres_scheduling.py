@@ -331,3 +331,23 @@ def test_a_claim_beside_another_on_several_tenants_still_alternates(h: Harness) 
     with _holding_the_tenant_rows(h):
         batch = open_flow(h.store, h.transport).claim("w:0", 6, ttl_s=30.0)
     assert [c.envelope.tenant for c in batch.claimed] == ["a", "b", "a", "b", "a", "b"]
+
+
+def test_a_lone_tenants_short_round_still_fills_the_batch_from_what_else_is_queued(h: Harness) -> None:
+    """A claim stops early once a lone tenant's round came short, but not
+    when the pass claimed an expired turn instead, nor while a lower priority
+    has turns."""
+    d = h.dispatcher()
+    d.submit(Submission(kind="echo", job_id="late", tenant="a", session_id="x", deadline_unix=time.time() - 10))
+    d.submit_many([Submission(kind="echo", tenant="a", session_id=f"s{s}") for s in range(3)])
+    flow = open_flow(h.store, h.transport)
+    batch = flow.claim("w:0", 4, ttl_s=30.0)
+    assert batch.got == 4
+    assert [c.envelope.session_id for c in batch.claimed] == ["s0", "s1", "s2"]
+    for c in batch.claimed:
+        assert h.transport.ack(c.delivery)
+
+    d.submit_many([Submission(kind="echo", tenant="a", session_id=f"hi{s}", priority=10) for s in range(2)])
+    d.submit_many([Submission(kind="echo", tenant="a", session_id=f"lo{s}") for s in range(2)])
+    batch = flow.claim("w:0", 4, ttl_s=30.0)
+    assert [c.envelope.session_id for c in batch.claimed] == ["hi0", "hi1", "lo0", "lo1"]

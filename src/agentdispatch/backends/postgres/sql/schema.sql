@@ -657,6 +657,7 @@ DECLARE
     v_k integer;  -- how many this pass may claim
     v_m integer;  -- sessions of one tenant this pass may claim (v_k: a lone tenant's new round)
     v_tops bigint;  -- tenants at the top priority, counted up to 2
+    v_expired boolean;  -- this pass claimed an expired row
     v_before integer;
 BEGIN
     WHILE got < p_n LOOP
@@ -668,6 +669,7 @@ BEGIN
         -- pass serves each once: other claims hold some tenants' rows, and a
         -- pass taking several rounds of the rest would serve those more.
         v_m := 1;
+        v_expired := false;
         IF v_k > 1 AND cardinality(v_served) = 0 THEN
             v_tops := (SELECT count(*) FROM (
                 SELECT 1 FROM dispatch_fair_tenants x
@@ -799,7 +801,8 @@ BEGIN
             WHERE t.priority = l.priority AND t.tenant_ref = l.tenant_ref
         )
         SELECT c.id, c.envelope, c.deliveries, c.claimed_at, c.job_id,
-               r.now, r.item, r.leaf, r.blocker_status, r.blocker_expires_at, c.tenant_ref, c.priority
+               r.now, r.item, r.leaf, r.blocker_status, r.blocker_expires_at, c.tenant_ref, c.priority,
+               c.id IN (SELECT e.id FROM expired e) AS was_expired
         FROM claimed c
         LEFT JOIN LATERAL (
             SELECT * FROM dispatch_item_read(c.job_id, true) WHERE p_read
@@ -811,6 +814,7 @@ BEGIN
             blocker_status := rec.blocker_status; blocker_expires_at := rec.blocker_expires_at;
             RETURN NEXT;
             got := got + 1;
+            v_expired := v_expired OR rec.was_expired;
             IF rec.priority IS DISTINCT FROM v_prio THEN
                 v_prio := rec.priority;
                 v_served := '{}';
@@ -826,6 +830,11 @@ BEGIN
             CONTINUE;
         END IF;
         EXIT WHEN got >= p_n;  -- the batch is full (a single get ends here)
+        -- A lone tenant's new round that came short took every session head it
+        -- could: with no other tenant left (read after the pass: one added
+        -- meanwhile gets its pass), another pass would find nothing.
+        EXIT WHEN v_m > 1 AND NOT v_expired AND got - v_before < v_m
+                  AND (SELECT count(*) FROM (SELECT 1 FROM dispatch_fair_tenants x LIMIT 2) n) <= 1;
         IF v_counted IS DISTINCT FROM v_prio THEN
             v_counted := v_prio;
             v_tenants := (SELECT count(*) FROM (
