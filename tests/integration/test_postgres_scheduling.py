@@ -351,3 +351,26 @@ def test_a_lone_tenants_short_round_still_fills_the_batch_from_what_else_is_queu
     d.submit_many([Submission(kind="echo", tenant="a", session_id=f"lo{s}") for s in range(2)])
     batch = flow.claim("w:0", 4, ttl_s=30.0)
     assert [c.envelope.session_id for c in batch.claimed] == ["hi0", "hi1", "lo0", "lo1"]
+
+
+def test_the_only_tenant_is_not_restamped_and_a_newcomer_still_takes_turns(h: Harness) -> None:
+    """A claim leaves the only tenant's fairness row as it is (a row version
+    per claim piles up while a long transaction holds vacuum back); a tenant
+    that comes later still alternates with it."""
+    d = h.dispatcher()
+    d.submit_many([Submission(kind="echo", tenant="a", session_id=f"a{s}") for s in range(8)])
+    schema = _schema(h)
+
+    def version() -> object:
+        with admin() as conn:
+            return conn.execute(f"SELECT xmin::text FROM {schema}.dispatch_fair_tenants").fetchall()
+
+    before = version()
+    flow = open_flow(h.store, h.transport)
+    assert [c.envelope.session_id for c in flow.claim("w:0", 2, ttl_s=30.0).claimed] == ["a0", "a1"]
+    assert [c.envelope.session_id for c in flow.claim("w:0", 2, ttl_s=30.0).claimed] == ["a2", "a3"]
+    assert version() == before
+
+    d.submit_many([Submission(kind="echo", tenant="b", session_id=f"b{s}") for s in range(4)])
+    order = [c.envelope.tenant for _ in range(4) for c in flow.claim("w:0", 2, ttl_s=30.0).claimed]
+    assert order == ["a", "b", "a", "b", "a", "b", "a", "b"]

@@ -787,8 +787,14 @@ BEGIN
               AND m.priority = l.priority AND m.group_ref = l.group_ref
         ), lock_tenant AS MATERIALIZED (
             -- A tenant served several times in the pass is stamped once, with its last mark.
+            -- The top priority's only tenant (v_m > 1) is not stamped: there is no
+            -- other to order it against, and a tenant added later starts at 0, before
+            -- it, whatever its stamp. Each stamp is a row version, and while a long
+            -- transaction holds vacuum back every claim steps over all of them.
             SELECT x.priority, x.tenant_ref, m.n FROM (
-                SELECT m.priority, m.tenant_ref, max(m.n) AS n FROM mark m GROUP BY m.priority, m.tenant_ref
+                SELECT m.priority, m.tenant_ref, max(m.n) AS n FROM mark m
+                WHERE v_m = 1
+                GROUP BY m.priority, m.tenant_ref
             ) m
             CROSS JOIN LATERAL (
                 SELECT x.priority, x.tenant_ref FROM dispatch_fair_tenants x
