@@ -790,10 +790,11 @@ BEGIN
             -- The top priority's only tenant (v_m > 1) is not stamped: there is no
             -- other to order it against, and a tenant added later starts at 0, before
             -- it, whatever its stamp. Each stamp is a row version, and while a long
-            -- transaction holds vacuum back every claim steps over all of them.
+            -- transaction holds vacuum back every claim steps over all of them. (An
+            -- expired turn may be of any tenant: that pass stamps.)
             SELECT x.priority, x.tenant_ref, m.n FROM (
                 SELECT m.priority, m.tenant_ref, max(m.n) AS n FROM mark m
-                WHERE v_m = 1
+                WHERE v_m = 1 OR EXISTS (SELECT 1 FROM expired)
                 GROUP BY m.priority, m.tenant_ref
             ) m
             CROSS JOIN LATERAL (
