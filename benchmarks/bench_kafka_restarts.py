@@ -15,7 +15,7 @@ turns, duplicate side effects, session overlaps; the full speed (the best 3 s
 of finished turns in the run); per restart the longest pause in finished turns
 once the broker was back (turns already in the consumers' buffers finish at
 once, so the first finish says little); and for the last restart: the backlog
-at that moment (the last wave included), the messages the new log got (with
+(the turns committed after it, the last wave included), the messages the new log got (with
 the copies the relays and the reconciler published), the drain time (broker
 back -> all done), and the drain time minus backlog / full speed (what the
 restart itself cost), against the TTL.
@@ -82,8 +82,6 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 broker.start()
                 restarts.append({"killed": killed, "back": time.time(), "backlog": backlog})
                 jobs += fleet.submit(wave, sessions=args.sessions, sleep=0.002)
-            # The last wave was submitted with the broker back: it is part of the backlog.
-            restarts[-1]["backlog"] = len(jobs) - fleet.succeeded(jobs)
             fleet.wait(jobs, timeout=args.timeout)
             finished = time.time()
             # The log since the last restart, all consumed: the group's
@@ -106,8 +104,6 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             # Full speed: the best 3 s window of the run (the pace of a drain
             # with nothing failing).
             full = max((bisect.bisect_right(ends, e + 3.0) - i for i, e in enumerate(ends)), default=0) / 3.0
-            last = restarts[-1]
-            drain = (ends[-1] if fleet.done(jobs) else finished) - last["back"]
             with sqlite3.connect(fleet.settings.sqlite_path) as db:
                 events = dict(db.execute("SELECT event, count(*) FROM work_events GROUP BY event").fetchall())
                 per_job = [
@@ -117,6 +113,14 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                     ).fetchall()
                 ]
                 t0 = db.execute("SELECT min(at) FROM work_events").fetchone()[0]
+                # The last restart's backlog: the turns committed once the broker
+                # was back, the last wave included (a count taken when its submit
+                # returned left out what ran meanwhile, often all of it).
+                restarts[-1]["backlog"] = db.execute(
+                    "SELECT count(*) FROM work_events WHERE event = 'committed' AND at > ?", (restarts[-1]["back"],)
+                ).fetchone()[0]
+            last = restarts[-1]
+            drain = (ends[-1] if fleet.done(jobs) else finished) - last["back"]
             return {
                 **ev,
                 "done": fleet.done(jobs),
