@@ -68,6 +68,19 @@ def _settings(env: dict[str, str], overrides: dict[str, Any]) -> Settings:
                 os.environ[k] = v
 
 
+def descriptors_of(path: Path) -> int:
+    """How many file descriptors of this process are open on ``path`` (Linux)."""
+    target = os.path.realpath(path)
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == target:
+                n += 1
+        except OSError:  # closed since it was listed (the listing's own descriptor)
+            continue
+    return n
+
+
 def sqlite_harness(tmp_path: Path, **overrides: Any) -> Harness:
     env = {"AGENT_DISPATCH_DATA_DIR": str(tmp_path / "data"), "TASK_QUEUE_BACKEND": "sqlite"}
     settings = _settings(env, overrides)

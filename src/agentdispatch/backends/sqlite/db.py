@@ -34,7 +34,8 @@ class SqliteDb:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
+        #: Every open connection with the thread it belongs to (None: shared).
+        self._all: list[tuple[threading.Thread | None, sqlite3.Connection]] = []
         self._lock = threading.Lock()
         # Threads of one process queue on this mutex rather than on SQLite's
         # busy handler, which sleeps in steps of milliseconds.
@@ -47,7 +48,7 @@ class SqliteDb:
         # finds the file changed by another one starts with an empty cache).
         self._batch_conn: sqlite3.Connection | None = None
 
-    def _open(self, durable: bool) -> sqlite3.Connection:
+    def _open(self, durable: bool, owner: threading.Thread | None) -> sqlite3.Connection:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(
@@ -70,8 +71,23 @@ class SqliteDb:
                 raise  # no retry mends it: callers stop (a worker exits non-zero)
             raise self._unavailable("cannot open the SQLite queue", exc) from None
         with self._lock:
-            self._all.append(conn)
+            self._close_orphans()
+            self._all.append((owner, conn))
         return conn
+
+    def _close_orphans(self) -> None:
+        """Close the connections of threads that have ended. A server's thread
+        pool retires idle threads and starts new ones, each opening its own
+        connections: kept open, those piled up until the process ran out of
+        file descriptors and stopped accepting connections."""
+        kept = []
+        for owner, conn in self._all:
+            if owner is None or owner.is_alive():
+                kept.append((owner, conn))
+            else:
+                with suppress(sqlite3.Error):
+                    conn.close()
+        self._all = kept
 
     def _unavailable(self, what: str, exc: BaseException) -> TaskQueueUnavailable:
         """One line for the operator: a full disk said plainly (SQLite reports
@@ -93,7 +109,7 @@ class SqliteDb:
         attr = "durable" if durable else "fast"
         conn: sqlite3.Connection | None = getattr(self._local, attr, None)
         if conn is None:
-            conn = self._open(durable)
+            conn = self._open(durable, threading.current_thread())
             setattr(self._local, attr, conn)
         return conn
 
@@ -184,7 +200,7 @@ class SqliteDb:
             try:
                 conn = self._batch_conn
                 if conn is None:
-                    conn = self._batch_conn = self._open(durable=True)
+                    conn = self._batch_conn = self._open(durable=True, owner=None)
                 conn.execute("BEGIN IMMEDIATE")
             except BaseException:
                 self._writer.release()
@@ -219,7 +235,7 @@ class SqliteDb:
     def close(self) -> None:
         """Close every connection this object opened."""
         with self._lock:
-            for conn in self._all:
+            for _, conn in self._all:
                 with suppress(sqlite3.Error):
                     conn.close()
             self._all.clear()
