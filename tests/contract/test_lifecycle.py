@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 from collections.abc import Callable
 
@@ -148,6 +149,31 @@ def test_dependencies_release_and_cancel(harness):
     assert view["status"] == "cancelled" and view["reason"].startswith("dependency_failed")
     with pytest.raises(InvalidInput):
         d.submit(Submission(kind="echo", tenant="t", dependencies=("dispatch-" + "0" * 32,)))
+
+
+def test_a_chain_longer_than_the_recursion_limit_cancels_to_its_end(harness):
+    # Each job depends on the one before it; cancelling the first (the gateway's
+    # cancel) or failing it (a worker's commit) must reach the last, however long.
+    n = sys.getrecursionlimit() + 100
+    d = harness.dispatcher()
+
+    def chain(prefix: str) -> list[str]:
+        ids = [f"{prefix}{i}" for i in range(n)]
+        subs = [Submission(kind="echo", tenant="t", job_id=ids[0])]
+        subs += [Submission(kind="echo", tenant="t", job_id=j, dependencies=(p,)) for p, j in itertools.pairwise(ids)]
+        d.submit_many(subs)
+        return ids
+
+    cancelled = chain("cancelled-")
+    assert d.cancel(cancelled[0], "t")["status"] == "cancelled"
+    failed = chain("failed-")
+    claim = harness.store.claim(failed[0], "t", owner="w", ttl_s=30)
+    assert claim.lease is not None
+    harness.store.commit(claim.lease, Outcome(ok=False, error="boom", retryable=False))
+    for ids in (cancelled, failed):
+        last = d.status(ids[-1], "t")
+        assert last["status"] == "cancelled" and last["reason"] == f"dependency_failed:{ids[-2]}"
+    assert harness.store.counts("t").get("submitted", 0) == 0
 
 
 def test_a_big_batch_is_all_or_nothing_and_answers_each_job(harness):

@@ -407,8 +407,18 @@ def commit(tx: Tx, lease: Lease, outcome: Outcome, backoff_s: float | None = Non
 
 
 def _cascade(tx: Tx, parent: WorkItem, now: float) -> None:
-    """Release dependants when ``parent`` succeeded, cancel them otherwise."""
-    for dep_id in tx.dependants(parent.id):
+    """Release dependants when ``parent`` succeeded, cancel them otherwise,
+    and a cancelled one's dependants in turn, depth first. An explicit stack,
+    not recursion: a chain of dependencies may be longer than Python's
+    recursion limit, and a cascade that raised would leave its parent
+    uncancellable (or a failed turn uncommittable)."""
+    stack = [(parent, iter(tx.dependants(parent.id)))]
+    while stack:
+        parent, pending = stack[-1]
+        dep_id = next(pending, None)
+        if dep_id is None:
+            stack.pop()
+            continue
         child = tx.load(dep_id)
         if child is None or child.status is not Status.SUBMITTED:
             continue
@@ -421,7 +431,9 @@ def _cascade(tx: Tx, parent: WorkItem, now: float) -> None:
             child = _save(tx, wi.release(child, now), "released")
             _make_ready(tx, child, now)
         elif decision == "cancel":
-            _cancel_cascade(tx, child, now, f"dependency_failed:{parent.id}")
+            reason = f"dependency_failed:{parent.id}"
+            child = _save(tx, wi.cancel(child, now, reason), "cancelled", reason)
+            stack.append((child, iter(tx.dependants(child.id))))
 
 
 def _cancel_cascade(tx: Tx, item: WorkItem, now: float, reason: str) -> WorkItem:
