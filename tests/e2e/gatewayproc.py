@@ -86,9 +86,39 @@ class Gateway:
             self.proc.wait()
 
 
+def listens(pid: int, port: int) -> bool:
+    """Whether process ``pid`` holds the socket listening on loopback ``port`` (Linux)."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+            inodes.add(f"socket:[{fields[9]}]")
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+        except OSError:  # closed since it was listed
+            continue
+    return False
+
+
 def start_gateway(data_dir: Path, *args: str, **env: str) -> Gateway:
-    """Start ``agentdispatch gateway`` and wait until /healthz answers."""
-    port = free_port()
+    """Start ``agentdispatch gateway`` and wait until /healthz answers from it.
+
+    :func:`free_port` only names a port that was free a moment ago: another
+    test's server may take it before the gateway binds it. Then that server
+    answers /healthz, this gateway exits (the address is in use), and a test
+    would talk to a stranger that stops when its own test ends. So the answer
+    only counts from the process holding the port, and a taken port is
+    tried again with another."""
+    for _ in range(3):
+        gw = _start_on(free_port(), data_dir, *args, **env)
+        if gw is not None:
+            return gw
+    raise RuntimeError("gateway lost its port to another process three times")
+
+
+def _start_on(port: int, data_dir: Path, *args: str, **env: str) -> Gateway | None:
     data_dir.mkdir(parents=True, exist_ok=True)
     log = (data_dir / "gateway.log").open("w")
     proc = subprocess.Popen(
@@ -103,9 +133,11 @@ def start_gateway(data_dir: Path, *args: str, **env: str) -> Gateway:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            if "address already in use" in gw.log():
+                return None
             raise RuntimeError(f"gateway exited {proc.returncode}: {gw.log()}")
         try:
-            if httpx.get(f"{gw.url}/healthz", timeout=1).status_code == 200:
+            if httpx.get(f"{gw.url}/healthz", timeout=1).status_code == 200 and listens(proc.pid, port):
                 return gw
         except httpx.TransportError:
             pass
