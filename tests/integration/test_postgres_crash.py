@@ -21,7 +21,10 @@ TTL_ENV = {"AGENT_DISPATCH_CLAIM_TTL_S": "8", "AGENT_DISPATCH_RENEW_INTERVAL_S":
 
 
 @pytest.mark.slow
-def test_sigkill_storm_and_database_restart_lose_nothing(tmp_path: Path) -> None:
+# One tenant: its claims take a lone tenant's batch in one pass and skip its
+# fairness stamp; four: passes serve the tenants round by round.
+@pytest.mark.parametrize("tenants", [4, 1])
+def test_sigkill_storm_and_database_restart_lose_nothing(tmp_path: Path, tenants: int) -> None:
     cluster = PrivateCluster().start()
     h = pg_harness_at(cluster.uri(), cluster.destroy, claim_ttl_s=8, renew_interval_s=0.5)
     sink = tmp_path / "sink"
@@ -30,7 +33,9 @@ def test_sigkill_storm_and_database_restart_lose_nothing(tmp_path: Path) -> None
     turns, sessions = 1500, 60
     subs = [
         # One tenant per session: a session is serial within its tenant.
-        Submission(kind="crash_turn", tenant=f"t{(i % sessions) % 4}", session_id=f"s{i % sessions}", payload={"i": i})
+        Submission(
+            kind="crash_turn", tenant=f"t{(i % sessions) % tenants}", session_id=f"s{i % sessions}", payload={"i": i}
+        )
         for i in range(turns)
     ]
     handles = []
