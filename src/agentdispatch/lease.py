@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import json
 import logging
 import threading
 from collections.abc import Awaitable, Callable
@@ -434,8 +435,6 @@ NOT_HAPPENED = NotHappened()
 
 def checkpoint_text(state: Any) -> str:
     """``state`` as the JSON text a checkpoint stores, or :class:`InvalidInput`."""
-    import json
-
     try:
         text = json.dumps(state, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -451,15 +450,17 @@ def checkpoint_text(state: Any) -> str:
     return text
 
 
+#: One strict encoder for every result (``json.dumps`` with an option builds one per call).
+_STRICT_JSON = json.JSONEncoder(allow_nan=False)
+
+
 def jsonable(value: Any) -> Any:
     """``value`` when JSON can hold it, else its repr (results are stored as JSON).
 
     Strict JSON: a NaN or an infinity would be stored, then break every
     reader that follows the standard (the gateway's views answered 500)."""
-    import json
-
     try:
-        json.dumps(value, allow_nan=False)
+        _STRICT_JSON.encode(value)
     except (TypeError, ValueError):
         return _safe_repr(value)
     except RecursionError:
