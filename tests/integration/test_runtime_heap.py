@@ -47,3 +47,18 @@ def test_the_collector_is_tuned_while_workers_serve_and_restored_after(tmp_path:
         gc.unfreeze()
         gc.set_threshold(*before)
         h.close()
+
+
+def test_a_gateway_and_a_worker_in_one_process_share_the_collector() -> None:
+    before = gc.get_threshold()
+    try:
+        with heap.serving(rarer_young=False):  # a gateway: frozen, thresholds kept
+            assert gc.get_freeze_count() > 0 and gc.get_threshold() == before
+            with heap.serving():  # a worker starts beside it
+                assert gc.get_threshold()[0] == heap.YOUNG_THRESHOLD
+            # The worker stopped: its threshold goes, the gateway's freeze stays.
+            assert gc.get_threshold() == before and gc.get_freeze_count() > 0
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
