@@ -24,7 +24,10 @@ class _Batch(Generic[A, R]):
         self.args: list[A] = []
         self.results: Sequence[R | BaseException] = ()
         self.led = False
-        self.done = False
+        # Its own signal: a group's end wakes its members only, not every
+        # thread waiting for any group (up to the gateway's 32 request
+        # threads, each taking the GIL in turn to find it was not theirs).
+        self.done = threading.Event()
 
 
 class Group(Generic[A, R]):
@@ -69,9 +72,7 @@ class Group(Generic[A, R]):
         if lead:
             self._lead(batch)
         else:
-            with self._cond:
-                while not batch.done:
-                    self._cond.wait()
+            batch.done.wait()
         got = batch.results[index]
         if isinstance(got, BaseException):
             raise got
@@ -85,8 +86,8 @@ class Group(Generic[A, R]):
                 raise AssertionError("a group function answered the wrong number of results")
         except BaseException as exc:  # every member sees the group's failure
             results = [exc] * len(batch.args)
+        batch.results = results
         with self._cond:
-            batch.results = results
-            batch.done = True
             self._running -= 1
-            self._cond.notify_all()
+            self._cond.notify_all()  # only leaders waiting for a slot wait here
+        batch.done.set()
