@@ -18,9 +18,10 @@ import pytest
 from agentdispatch.backends.postgres.intake import PostgresIntakeStore
 from agentdispatch.dispatch import Dispatcher
 from agentdispatch.errors import TaskQueueUnavailable
+from agentdispatch.intake.admin import set_agent, set_route
 from agentdispatch.intake.admit import Incoming, admit, job_id_of
 from agentdispatch.intake.answers import Answer, ok
-from agentdispatch.intake.base import Abandoned
+from agentdispatch.intake.base import Abandoned, Admission
 from agentdispatch.intake.envelope import IntakeEnvelope
 from agentdispatch.intake.group import Group
 from backends import BUILDERS, Harness
@@ -273,3 +274,99 @@ def test_a_nul_in_a_message_is_stored_not_refused_on_every_retry(pg_gateway: tup
     with psycopg.connect(uri) as c:
         row = c.execute("SELECT envelope FROM intake_receipts WHERE source_id = %s", (f"{TG_BOT}:7100",)).fetchone()
     assert row is not None and IntakeEnvelope.from_json(row[0]).text == "bad\ufffdtext"
+
+
+# -- lock order between groups ---------------------------------------------------
+class _Planned(Exception):
+    """Raised by :class:`_Capture` once the admission is planned."""
+
+
+class _Capture:
+    """Stands in for the group: keeps each planned admission, writes nothing."""
+
+    def __init__(self) -> None:
+        self.got: list[Admission] = []
+
+    def call(self, a: Admission) -> Any:
+        self.got.append(a)
+        raise _Planned()
+
+
+def _planned(ist: PostgresIntakeStore, d: Dispatcher, inst: dict[str, Any], n: int, channel: str) -> Admission:
+    env = IntakeEnvelope(connector="telegram", installation=inst["id"], source_id=f"7:{n}", conversation=channel,
+                         sender="9", text=f"m{n}", channel=channel, message_key=f"{channel}:{n}",
+                         is_dm=True)  # fmt: skip
+    inc = Incoming("telegram", env.source_id, env.to_json().encode(), ok(), inst, envelope=env)
+    real, capture = ist._group, _Capture()
+    ist._group = capture  # type: ignore[assignment]
+    try:
+        with pytest.raises(_Planned):
+            admit(ist, d, inc, abandoned=threading.Event())
+    finally:
+        ist._group = real
+    return capture.got[0]
+
+
+def _blocked_by(c: psycopg.Connection[Any]) -> dict[int, list[int]]:
+    """Backends of this database waiting on a lock: pid -> the pids blocking it."""
+    rows = c.execute(
+        "SELECT pid, pg_blocking_pids(pid) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    ).fetchall()
+    return {int(pid): [int(b) for b in blockers] for pid, blockers in rows}
+
+
+def test_two_groups_creating_the_same_new_agents_slots_never_deadlock(h: Harness, tmp_path: Path) -> None:
+    """The first deliveries to two new agents, in two concurrent groups in
+    opposite agent order: each group created an agent's backlog slots when
+    it reached its delivery, so each waited for the slots the other had just
+    created. PostgreSQL broke the cycle after deadlock_timeout (1 s by
+    default: every webhook meanwhile waited) and one group ran again. The
+    slots of a group's agents are now created first, in the order of their
+    names, so the second group waits for the first and nothing more."""
+    ist, inst = _installed(h, tmp_path)
+    d, uri = h.dispatcher(), h.env["STATE_DB_URI"]
+    for agent, channel in (("agent-a", "a"), ("agent-b", "b")):
+        set_agent(ist, agent, enabled=True)
+        set_route(ist, inst["id"], channel, agent)
+    # Group 1: agent a then agent b; group 2: agent b then agent a.
+    first = [_planned(ist, d, inst, 1, "a"), _planned(ist, d, inst, 2, "b")]
+    second = [_planned(ist, d, inst, 3, "b"), _planned(ist, d, inst, 4, "a")]
+    with psycopg.connect(uri, autocommit=True) as c:
+        # A gate before the second delivery of each group: both groups stop
+        # there until the test opens it.
+        c.execute(
+            "CREATE FUNCTION gate() RETURNS trigger LANGUAGE plpgsql AS $$"
+            " BEGIN PERFORM pg_advisory_xact_lock_shared(4242); RETURN NEW; END $$"
+        )
+        c.execute(
+            "CREATE TRIGGER gate BEFORE INSERT ON intake_receipts FOR EACH ROW"
+            " WHEN (NEW.source_id IN ('7:2', '7:4')) EXECUTE FUNCTION gate()"
+        )
+        c.execute("SELECT pg_advisory_lock(4242)")
+        got: dict[int, Any] = {}
+
+        def run(k: int, group: list[Admission]) -> None:
+            got[k] = ist._admit_group(group)
+
+        threads = [threading.Thread(target=run, args=(k, g)) for k, g in ((1, first), (2, second))]
+        cycles: list[dict[int, list[int]]] = []
+        try:
+            threads[0].start()
+            _until(lambda: len(_blocked_by(c)) == 1, "group 1 to reach its gate")
+            threads[1].start()
+            _until(lambda: len(_blocked_by(c)) == 2, "group 2 to wait (on its gate or on group 1)")
+            c.execute("SELECT pg_advisory_unlock(4242)")
+            while any(t.is_alive() for t in threads):
+                waits = _blocked_by(c)
+                if any(p in waits.get(b, []) for p, bs in waits.items() for b in bs):
+                    cycles.append(waits)
+                time.sleep(0.005)
+        finally:
+            c.execute("SELECT pg_advisory_unlock_all()")
+            for t in threads:
+                t.join(60)
+    assert cycles == [], cycles[:1]
+    for k in (1, 2):
+        assert [row["outcome"] for row, _ in got[k]] == ["accepted", "accepted"], got[k]
+    assert [s for s, _ in _receipts(uri, ["7:1", "7:2", "7:3", "7:4"])] == ["7:1", "7:2", "7:3", "7:4"]

@@ -179,11 +179,19 @@ class PostgresIntakeStore:
                 }
                 values.append(cursor.mogrify(Q["admit_row"], params))
             statement = Q["admit_group"].replace("{rows}", ", ".join(values))
+            # The agents' backlog slots first, in one order for every group
+            # (see admit_slots): creating them member by member deadlocked.
+            routes = [
+                {"inst": a.receipt["installation_id"], "channel": a.channel, "bound": a.backlog}
+                for a in (group[i] for i in live)
+                if a.job is not None and a.channel is not None
+            ]
+            slots = f"{cursor.mogrify(Q['admit_slots'], {'routes': json.dumps(routes)})}; " if routes else ""
             # The statement asks for an asynchronous commit (see
             # dispatch_intake_admit); the group commits synchronously instead:
             # one flush covers every member, with no second round trip.
             message = (
-                f"BEGIN; SET LOCAL statement_timeout = {max(1, left_ms)}; {statement}; "
+                f"BEGIN; SET LOCAL statement_timeout = {max(1, left_ms)}; {slots}{statement}; "
                 "SET LOCAL synchronous_commit = on; COMMIT"
             )
             try:

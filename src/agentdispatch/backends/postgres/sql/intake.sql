@@ -170,6 +170,29 @@ FROM (VALUES {rows}) AS v (n, receipt, channel, accept, bound, max, at, items, e
 CROSS JOIN LATERAL dispatch_intake_admit(
     v.receipt, v.channel, v.accept, v.bound, v.max, v.at, v.items, v.events, v.queue) AS a
 
+-- name: admit_slots
+-- The backlog slot rows of the group's agents that have none yet, created
+-- before any delivery of the group is written and in the order of the
+-- agents' names. Created by each delivery as it came, two concurrent groups
+-- whose first deliveries to new agents came in opposite orders each waited
+-- for the slots the other had just created: a deadlock, which PostgreSQL
+-- breaks only after deadlock_timeout (1 s by default) while every webhook
+-- waits. In one order, the later group waits for the earlier one only.
+-- The agent is resolved as dispatch_intake_admit resolves it.
+INSERT INTO intake_backlog_slots (agent, slot)
+SELECT a.agent, g.slot
+FROM (
+    SELECT DISTINCT coalesce((SELECT t.agent FROM intake_routes t
+                              WHERE t.installation_id = r.inst AND t.channel IN (r.channel, '*')
+                              ORDER BY CASE WHEN t.channel = '*' THEN 1 ELSE 0 END LIMIT 1), '') AS agent,
+           r.bound
+    FROM json_to_recordset(%(routes)s::json) AS r (inst text, channel text, bound integer)
+) AS a
+CROSS JOIN LATERAL generate_series(0, a.bound - 1) AS g (slot)
+WHERE NOT EXISTS (SELECT 1 FROM intake_backlog_slots s WHERE s.agent = a.agent AND s.slot = a.bound - 1)
+ORDER BY a.agent, g.slot
+ON CONFLICT DO NOTHING
+
 -- name: admit_row
 (%(n)s::integer, %(receipt)s::json, %(channel)s::text, %(accept)s::boolean, %(bound)s::integer,
  %(max)s::bigint, %(at)s::float8, %(items)s::json, %(events)s::json, %(queue)s::json)
