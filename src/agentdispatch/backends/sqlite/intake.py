@@ -60,8 +60,10 @@ class SqliteIntakeStore:
             yield tx.c
 
     def _read(self, name: str, /, **params: Any) -> list[Row]:
-        with self._short() as c:
-            return _all(c, name, **params)
+        # One statement is its own snapshot (WAL): no write transaction. In
+        # BEGIN IMMEDIATE it queued for the write lock behind every commit,
+        # and the request path's reads (installations, receipts) with it.
+        return _all(self.store.db.conn(), name, **params)
 
     def _first(self, name: str, /, **params: Any) -> Row | None:
         rows = self._read(name, **params)
