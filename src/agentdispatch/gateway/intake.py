@@ -41,9 +41,9 @@ CACHE_S = 2.0
 #: (commits are shared: group commit on SQLite and on PostgreSQL), so a few
 #: threads keep the store busy; more only take the GIL from the event loop
 #: that parses requests and sends the answers. An intake store may ask for
-#: more (``request_threads``): on PostgreSQL a thread waiting for its group's
-#: commit holds no CPU, and a group holds no more deliveries than there are
-#: threads.
+#: more (``request_threads``; both database stores do): a thread waiting for
+#: its group's commit holds no CPU, and a group holds no more deliveries than
+#: there are threads.
 STORE_THREADS = 8
 
 

@@ -45,6 +45,12 @@ def _run(c: sqlite3.Connection, name: str, /, **params: Any) -> int:
 class SqliteIntakeStore:
     """:class:`~agentdispatch.intake.base.IntakeStore` in the SQLite store's file."""
 
+    #: Gateway threads for the request path. A delivery waits for its group
+    #: commit in one (blocked, holding no GIL), so the threads bound a group:
+    #: with the default 8, a slow fsync (15-90 ms on a busy machine) left the
+    #: webhooks arriving meanwhile queued for a thread, past the next commit.
+    request_threads = 32
+
     def __init__(self, store: SqliteStore) -> None:
         self.store = store
 
