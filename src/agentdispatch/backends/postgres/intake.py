@@ -46,6 +46,10 @@ NO_DEADLINE_MS = 60_000
 #: Groups of concurrent intakes written at once by one process: one more
 #: than one, so a group stalled behind a lock does not hold up every webhook.
 GROUPS = 2
+#: Seconds a route whose agent has its backlog slots skips ``admit_slots``
+#: (slot rows are never deleted; a route changed to a new agent meanwhile
+#: gets its slots inside the group, as before that statement existed).
+SLOTTED_S = 60.0
 #: What the group statement answers a member: its row and planned WorkItem.
 _Admit = tuple[Row, list[Accepted]]
 
@@ -95,6 +99,8 @@ class PostgresIntakeStore:
     def __init__(self, store: PostgresStore) -> None:
         self.store = store
         self._group: Group[Admission, _Admit] = Group(self._admit_group, concurrency=GROUPS)
+        #: (installation, channel, bound) -> until when its agent is known to have slots.
+        self._slotted: dict[tuple[str, str, int], float] = {}
 
     @contextmanager
     def _tx(self, durable: bool = True) -> Iterator[PostgresTx]:
@@ -158,6 +164,17 @@ class PostgresIntakeStore:
         # copies of the same updates wait for each other, never deadlock.
         live.sort(key=lambda i: (group[i].receipt["connector"], group[i].receipt["source_id"]))
         left_ms = min((_left_ms(group[i].deadline, now) for i in live), default=NO_DEADLINE_MS)
+        # The agents' backlog slots first, in one order for every group (see
+        # admit_slots): creating them member by member deadlocked. Routes
+        # whose slots an earlier group saw skip it (one statement less).
+        keys = {
+            (str(a.receipt["installation_id"]), a.channel, a.backlog)
+            for a in (group[i] for i in live)
+            if a.job is not None and a.channel is not None
+        }
+        routes = [
+            {"inst": k[0], "channel": k[1], "bound": k[2]} for k in sorted(keys) if self._slotted.get(k, 0.0) < now
+        ]
 
         def run(conn: Conn) -> dict[int, tuple[Row, list[Accepted]]]:
             planned: dict[int, list[Accepted]] = {}
@@ -179,13 +196,6 @@ class PostgresIntakeStore:
                 }
                 values.append(cursor.mogrify(Q["admit_row"], params))
             statement = Q["admit_group"].replace("{rows}", ", ".join(values))
-            # The agents' backlog slots first, in one order for every group
-            # (see admit_slots): creating them member by member deadlocked.
-            routes = [
-                {"inst": a.receipt["installation_id"], "channel": a.channel, "bound": a.backlog}
-                for a in (group[i] for i in live)
-                if a.job is not None and a.channel is not None
-            ]
             slots = f"{cursor.mogrify(Q['admit_slots'], {'routes': json.dumps(routes)})}; " if routes else ""
             # The statement asks for an asynchronous commit (see
             # dispatch_intake_admit); the group commits synchronously instead:
@@ -225,6 +235,10 @@ class PostgresIntakeStore:
             for i in live:
                 results[i] = self._admit_group([group[i]])[0]
             return results
+        if len(self._slotted) > 10_000:
+            self._slotted.clear()
+        for k in keys:  # committed: their agents have slots now
+            self._slotted[k] = now + SLOTTED_S
         for i in live:
             results[i] = got[i]
         return results
