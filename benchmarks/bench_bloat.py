@@ -4,7 +4,8 @@ A steady ``--rate`` turns/s (default 50) through an async worker on a fresh
 PostgreSQL database, in three phases: ``--before`` s as a baseline, ``--hold``
 s with a REPEATABLE READ session holding its snapshot (vacuum can remove no
 dead row meanwhile), and ``--after`` s once it ended. Every ``--window`` s it
-prints submit-to-start p50/p99, the queue's dead rows, and the fleet gauge
+prints submit-to-start p50/p99, the queue's dead rows, the fairness tables'
+dead rows and the groups table's pages, and the fleet gauge
 ``oldest_xmin_age_seconds``; at the end, each phase's p99 as a ratio of the
 baseline's and when the gauge first passed the alert rule's 120 s. The
 scenario asks for the alert within 5 min and claim p99 back to baseline within
@@ -83,6 +84,10 @@ class Probe:
                     (list(TABLES),),
                 ).fetchall()
             }
+            # The fairness groups' table: after the hold, claims stay slow until
+            # vacuum truncates it (their plans scan it), not only until its dead
+            # rows are gone.
+            pages = c.execute("SELECT pg_relation_size('dispatch_fair_groups') / 8192").fetchone()
         dead = sum(stats.get(name, (0, 0))[0] for name in TABLES[:3])
         fair = sum(stats.get(name, (0, 0))[0] for name in TABLES[3:])
         vacuums = sum(v for _d, v in stats.values())
@@ -91,7 +96,8 @@ class Probe:
         self.rows.append((phase, t, p50, p99, dead, age))
         print(
             f"{phase:>7} t={t:6.0f} s  turns={len(window):5d}  p50={p50:7.1f} ms  p99={p99:7.1f} ms  "
-            f"dead rows={dead:8d}  fairness={fair:6d}  autovacuums={vacuums:3d}  oldest xact={age:6.0f} s",
+            f"dead rows={dead:8d}  fairness={fair:6d} ({pages[0] if pages else 0:5d} pages)  autovacuums={vacuums:3d}  "
+            f"oldest xact={age:6.0f} s",
             flush=True,
         )
 
