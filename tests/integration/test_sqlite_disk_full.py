@@ -4,91 +4,22 @@ file that is no longer one) ends the process non-zero for its supervisor."""
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from agentdispatch import Status, Submission
-from backends import Harness, sqlite_harness
+from backends import sqlite_harness
+from diskkit import fill, free_port, metric, small_disk, spawn_worker, until
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.geteuid() != 0,
     reason="mounts a size-limited tmpfs (Linux, root)",
 )
-
-
-@contextmanager
-def small_disk(path: Path, size: str = "64m") -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted at ``path`` (unmounted at exit). Once the
-    filler is gone it must hold the WAL at its checkpoint size (10,000 pages,
-    40 MB): with less, the turns' own commits fill the disk again."""
-    path.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)], check=True)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Take every free byte of ``disk``; returns the file to delete."""
-    filler = disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for size in (1 << 20, 1 << 12, 1):
-            chunk = b"\xff" * size
-            while True:
-                try:
-                    os.write(fd, chunk)
-                except OSError as exc:
-                    assert exc.errno == errno.ENOSPC
-                    break
-    finally:
-        os.close(fd)
-    return filler
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _spawn(h: Harness, log: Path, metrics_port: int) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        **h.env,
-        "AGENT_DISPATCH_CLAIM_TTL_S": "2",
-        "AGENT_DISPATCH_RENEW_INTERVAL_S": "0.5",
-    }
-    cmd = [sys.executable, "-m", "agentdispatch", "worker", "--workers", "2", "--grace", "5"]
-    with log.open("wb") as out:
-        return subprocess.Popen([*cmd, "--metrics-port", str(metrics_port)], env=env, stdout=out, stderr=out)
-
-
-def _until(cond: Callable[[], bool], what: str, timeout: float, log: Path | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, what + ("\n" + log.read_text()[-3000:] if log is not None else "")
-        time.sleep(0.1)
-
-
-def _metric(port: int, line_start: str) -> float:
-    try:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    except OSError:
-        return 0.0
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start))
 
 
 def test_claim_threads_survive_a_full_disk_and_run_the_accepted_turns(tmp_path: Path) -> None:
@@ -99,16 +30,16 @@ def test_claim_threads_survive_a_full_disk_and_run_the_accepted_turns(tmp_path: 
                 [Submission(kind="echo", tenant="t", session_id=f"s{i % 10}", payload={"i": i}) for i in range(100)]
             )
             filler = fill(disk)
-            log, port = tmp_path / "worker.log", _free_port()
-            worker = _spawn(h, log, port)
+            log, port = tmp_path / "worker.log", free_port()
+            worker = spawn_worker(h.env, log, port)
             try:
                 errors = 'agent_utilities_dispatch_worker_errors_total{error="TaskQueueUnavailable"}'
-                _until(lambda: "disk is full" in log.read_text(), "the worker never met the full disk", 30)
-                _until(lambda: _metric(port, errors) >= 2, "the failures were not counted", 30)
+                until(lambda: "disk is full" in log.read_text(), "the worker never met the full disk", 30)
+                until(lambda: metric(port, errors) >= 2, "the failures were not counted", 30)
                 assert worker.poll() is None, "the worker died of a full disk"
                 assert {h.store.get(x.job_id, "t").status for x in handles} == {Status.READY}
                 filler.unlink()
-                _until(
+                until(
                     lambda: all(h.store.get(x.job_id, "t").status is Status.SUCCEEDED for x in handles),
                     "accepted turns stayed queued after space came back",
                     60,
@@ -127,10 +58,10 @@ def test_a_database_that_is_no_longer_one_exits_the_worker_non_zero(tmp_path: Pa
     h = sqlite_harness(tmp_path / "h")
     try:
         job = h.dispatcher().submit(Submission(kind="echo", tenant="t"))
-        log, port = tmp_path / "worker.log", _free_port()
-        worker = _spawn(h, log, port)
+        log, port = tmp_path / "worker.log", free_port()
+        worker = spawn_worker(h.env, log, port)
         try:
-            _until(lambda: h.store.get(job.job_id, "t").status is Status.SUCCEEDED, "the worker never ran", 30)
+            until(lambda: h.store.get(job.job_id, "t").status is Status.SUCCEEDED, "the worker never ran", 30)
             h.close()
             # Overwrite every file of the database in place: the worker's open
             # connections now read garbage (an operator's mistake, a bad disk).
