@@ -73,11 +73,11 @@ class PrivateCluster:
     port), for tests that restart or stop the database: the shared server on
     5432 serves every other test, in parallel, and is never restarted."""
 
-    def __init__(self) -> None:
+    def __init__(self, parent: Path | None = None) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = int(s.getsockname()[1])
-        self.dir = Path(tempfile.mkdtemp(prefix="ad-pg-"))
+        self.dir = Path(tempfile.mkdtemp(prefix="ad-pg-", dir=parent))
         self.data = self.dir / "data"
         # initdb refuses to run as root: the cluster belongs to the postgres user.
         self._as = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []

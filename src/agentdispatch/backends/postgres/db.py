@@ -141,6 +141,34 @@ def describe(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+#: What to do about an error the server reported, by SQLSTATE: an operator
+#: told to check the URI while the server's disk is full looks in the wrong place.
+_HINTS = {
+    "53100": "the database server's disk is full: free space on its data volume",
+    "53200": "the database server is out of memory",
+    "53300": "the database server has no connection slot left: raise its max_connections or run fewer processes",
+    "57P01": "the database server is shutting down",
+    "57P02": "the database server is shutting down",
+    "57P03": "the database server is starting up",
+}
+
+
+def hint(exc: BaseException) -> str:
+    """What an operator should look at for ``exc``."""
+    state = exc.sqlstate if isinstance(exc, psycopg.Error) else None
+    if state is None or state.startswith("08"):
+        return "check STATE_DB_URI and that the server is up"
+    return _HINTS.get(state, "see the PostgreSQL server's log")
+
+
+def rolled_back(exc: psycopg.Error, conn: psycopg.Connection[Any] | None) -> bool:
+    """Whether a statement or COMMIT that failed with ``exc`` certainly did not
+    commit: the server answered with an error and the session lives on. A lost
+    connection (or one the server ended) leaves a COMMIT's outcome unknown."""
+    state = exc.sqlstate
+    return conn is not None and not conn.broken and state is not None and not state.startswith(("08", "57P"))
+
+
 class _QuietPool(logging.Filter):
     """psycopg_pool logs connection failures with host and port: keep only a
     credential-free line (the pool retries in the background), and only one
@@ -292,7 +320,7 @@ class PgDb:
         them off, so the caller's next transaction works."""
         if isinstance(exc, _PREPARED_LOST):
             self._unprepare()
-        return TaskQueueUnavailable(f"PostgreSQL {what} failed ({describe(exc)}); check STATE_DB_URI")
+        return TaskQueueUnavailable(f"PostgreSQL {what} failed ({describe(exc)}); {hint(exc)}")
 
     @contextmanager
     def _connection(self, timeout: float | None = None) -> Iterator[Conn]:
@@ -392,11 +420,13 @@ class PgDb:
         while True:
             attempt += 1
             committing = False
+            used: Conn | None = None
             # Waiting for a pooled connection counts against the patience too
             # (while the database is down the pool cannot hand one out).
             wait_s = max(1.0, min(self.pool.timeout, deadline - time.monotonic()))
             try:
                 with self._connection(timeout=wait_s) as conn:
+                    used = conn
                     if single:
                         committing = True
                         return fn(conn)
@@ -412,7 +442,7 @@ class PgDb:
                 if attempt >= 5:
                     raise self._unavailable(exc, "transaction") from None
             except psycopg.OperationalError as exc:
-                if committing and not idempotent:
+                if committing and not idempotent and not rolled_back(exc, used):
                     raise TaskQueueUnavailable(
                         f"PostgreSQL connection lost during COMMIT ({describe(exc)}); the outcome is unknown"
                     ) from None

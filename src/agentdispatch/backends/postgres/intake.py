@@ -32,7 +32,7 @@ from ...intake.group import Group
 from ...sqlfiles import Queries
 from ...stores import engine
 from ...stores.base import Accepted
-from .db import Conn, describe
+from .db import Conn, describe, hint
 from .store import PostgresStore
 from .tx import PostgresTx
 
@@ -227,7 +227,7 @@ class PostgresIntakeStore:
         except _MemberFailed as failed:
             if len(live) == 1:
                 results[live[0]] = TaskQueueUnavailable(
-                    f"PostgreSQL transaction failed ({describe(failed.error)}); check STATE_DB_URI"
+                    f"PostgreSQL transaction failed ({describe(failed.error)}); {hint(failed.error)}"
                 )
                 return results
             # A delivery the database refuses (its data) must not fail the
