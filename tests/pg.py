@@ -108,6 +108,12 @@ class PrivateCluster:
         time.sleep(down_s)
         self.start()
 
+    def pids(self) -> list[int]:
+        """The server's processes: the postmaster and its children."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        kids = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
+        return [postmaster, *map(int, kids)]
+
     def destroy(self) -> None:
         """Stop if running and remove the cluster's files."""
         if (self.data / "postmaster.pid").exists():

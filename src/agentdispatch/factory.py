@@ -36,6 +36,7 @@ def open_store(settings: Settings, *, migrate: bool | None = None) -> Store:
             settings.state_db_uri,
             extra_attempts=settings.max_attempts,
             prepared=settings.pg_prepared_statements,
+            answer_s=settings.pg_answer_timeout_s,
         )
     else:
         from .backends.sqlite.store import SqliteStore

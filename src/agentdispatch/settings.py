@@ -63,6 +63,10 @@ class Settings(BaseSettings):
     #: Server-side prepared statements (off behind a pooler in transaction mode
     #: that drops them, PgBouncer before 1.21; the first loss turns them off).
     pg_prepared_statements: bool = Field(default=True, alias="AGENT_DISPATCH_PG_PREPARED_STATEMENTS")
+    #: Seconds a PostgreSQL transaction waits for the server's answers before
+    #: its connection is cut and the call fails (a paused or stuck server keeps
+    #: a live link, which no TCP timeout ends); 0 waits for good.
+    pg_answer_timeout_s: float = Field(default=30.0, ge=0, alias="AGENT_DISPATCH_PG_ANSWER_TIMEOUT_S")
     data_dir: Path = Field(default_factory=_default_data_dir, alias="AGENT_DISPATCH_DATA_DIR")
     kafka_bootstrap_servers: str | None = Field(default=None, alias="KAFKA_BOOTSTRAP_SERVERS")
     agent_turns_partitions: int = Field(default=6, ge=1, alias="AGENT_TURNS_PARTITIONS")

@@ -29,6 +29,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
 from ...errors import TaskQueueUnavailable
+from .deadline import Deadlines
 
 T = TypeVar("T")
 log = logging.getLogger("agentdispatch.postgres")
@@ -209,6 +210,19 @@ def _quiet_pool_logs() -> None:
 #: outage the pool kept failing for about as long again.
 RECONNECT_S = 5.0
 
+#: Seconds a transaction waits for the server's answers before its connection
+#: is cut (see deadline.py); ``AGENT_DISPATCH_PG_ANSWER_TIMEOUT_S``.
+ANSWER_S = 30.0
+
+
+class ServerSilent(Exception):
+    """A transaction's connection was cut: the server did not answer in time."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"no answer within {seconds:g} s")
+        self.seconds = seconds
+
+
 #: Seconds the start-up probe waits for a connection when the URI sets no connect_timeout.
 PROBE_TIMEOUT_S = 5
 
@@ -290,9 +304,20 @@ def probe(uri: str) -> None:
 class PgDb:
     """A pool of autocommit connections and the transaction runner."""
 
-    def __init__(self, uri: str, *, max_size: int = 32, timeout_s: float = 10.0, prepared: bool = True) -> None:
+    def __init__(
+        self,
+        uri: str,
+        *,
+        max_size: int = 32,
+        timeout_s: float = 10.0,
+        prepared: bool = True,
+        answer_s: float | None = ANSWER_S,
+    ) -> None:
         _quiet_pool_logs()
         self.uri = uri
+        #: How long a transaction may wait for the server's answers (None: for good).
+        self.answer_s = answer_s or None
+        self.deadlines = Deadlines()
         # Server-side prepared statements outlive a transaction: behind a pooler
         # in transaction mode (PgBouncer before 1.21) the next transaction gets
         # another server connection. The first such failure turns them off for
@@ -323,11 +348,26 @@ class PgDb:
         return TaskQueueUnavailable(f"PostgreSQL {what} failed ({describe(exc)}); {hint(exc)}")
 
     @contextmanager
-    def _connection(self, timeout: float | None = None) -> Iterator[Conn]:
+    def _connection(self, timeout: float | None = None, answer_s: float | None = None) -> Iterator[Conn]:
+        """A pooled connection; a transaction on it still waiting for the
+        server after ``answer_s`` (default :attr:`answer_s`) has it cut."""
         with self.pool.connection(timeout=timeout) as conn:
             if not self.prepared and conn.prepare_threshold is not None:
                 conn.prepare_threshold = None
-            yield conn
+            with self.deadlines.watch(conn, answer_s or self.answer_s) as ticket:
+                try:
+                    yield conn
+                except psycopg.OperationalError:
+                    if ticket is not None and ticket.expired:
+                        raise ServerSilent(ticket.seconds) from None
+                    raise
+
+    def _silent(self, exc: ServerSilent, committing: bool) -> TaskQueueUnavailable:
+        unknown = "; the outcome is unknown" if committing else ""
+        return TaskQueueUnavailable(
+            f"PostgreSQL did not answer within {exc.seconds:g} s (AGENT_DISPATCH_PG_ANSWER_TIMEOUT_S): "
+            f"the server may be paused, overloaded or waiting on a lock; the connection was cut{unknown}"
+        )
 
     def _unprepare(self) -> None:
         if self.prepared:
@@ -344,6 +384,8 @@ class PgDb:
             try:
                 with self._connection() as conn:
                     return fn(conn)
+            except ServerSilent as exc:
+                raise self._silent(exc, False) from None
             except _PREPARED_LOST as exc:
                 self._unprepare()
                 if attempt == 2:
@@ -397,6 +439,8 @@ class PgDb:
         try:
             with self._connection() as conn, self._begin(conn, durable):
                 yield conn
+        except ServerSilent as exc:
+            raise self._silent(exc, True) from None
         except psycopg.Error as exc:
             raise self._unavailable(exc, "transaction") from None
 
@@ -408,13 +452,16 @@ class PgDb:
         idempotent: bool = False,
         patience_s: float = 0.0,
         single: bool = False,
+        answer_s: float | None = None,
     ) -> T:
         """Run ``fn`` in one transaction. A transaction that certainly rolled
         back is retried: at once after a deadlock or a stale pooled connection,
         and for up to ``patience_s`` seconds while the database restarts. When
         the connection dies during COMMIT the outcome is unknown: only an
         ``idempotent`` transaction is retried then. ``single``: ``fn`` runs one
-        statement in autocommit (one round trip; always durable)."""
+        statement in autocommit (one round trip; always durable). A server
+        that does not answer within ``answer_s`` (default :attr:`answer_s`)
+        fails it at once, with no retry."""
         deadline = time.monotonic() + patience_s
         attempt = 0
         while True:
@@ -425,7 +472,7 @@ class PgDb:
             # (while the database is down the pool cannot hand one out).
             wait_s = max(1.0, min(self.pool.timeout, deadline - time.monotonic()))
             try:
-                with self._connection(timeout=wait_s) as conn:
+                with self._connection(timeout=wait_s, answer_s=answer_s) as conn:
                     used = conn
                     if single:
                         committing = True
@@ -434,6 +481,8 @@ class PgDb:
                         result = fn(conn)
                         committing = True
                     return result
+            except ServerSilent as exc:
+                raise self._silent(exc, committing and not idempotent) from None
             except _PREPARED_LOST as exc:
                 self._unprepare()
                 if attempt >= 5:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -50,7 +51,7 @@ from ...stores.rows import (
     worker_from_row,
 )
 from ...workitem import Lease, Outcome, Status, WorkItem
-from .db import Conn, PgDb, describe, scalar
+from .db import ANSWER_S, Conn, PgDb, describe, scalar
 from .tx import SMALL_SUBMISSION, PostgresTx, Q
 
 T = TypeVar("T")
@@ -76,8 +77,9 @@ class PostgresStore:
         pool_size: int = 32,
         pool_timeout_s: float = 10.0,
         prepared: bool = True,
+        answer_s: float | None = ANSWER_S,
     ) -> None:
-        self.db = PgDb(uri, max_size=pool_size, timeout_s=pool_timeout_s, prepared=prepared)
+        self.db = PgDb(uri, max_size=pool_size, timeout_s=pool_timeout_s, prepared=prepared, answer_s=answer_s)
         self.extra_attempts = extra_attempts
         self._ref_key: bytes | None = None
 
@@ -139,7 +141,8 @@ class PostgresStore:
                 (secrets.token_hex(32),),
             )
 
-        self.db.run(apply, durable=True)
+        # A step may rebuild a big table's index: no bound on the server's answers.
+        self.db.run(apply, durable=True, answer_s=math.inf)
 
     def schema_version(self) -> int:
         def q(conn: Conn) -> int:
