@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from agentdispatch.backends.postgres import deadline
 from agentdispatch.backends.postgres.deadline import Deadlines
 
 
@@ -61,3 +64,15 @@ def test_the_watchdog_thread_cuts_on_time() -> None:
             with dl._cond:
                 dl._cond.wait(0.01)
     assert cut == [conn] and conn.closed
+
+
+def test_an_idle_watchdog_thread_ends_and_comes_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(deadline, "IDLE_EXIT_S", 0.01)
+    dl = Deadlines(on_cut=lambda conn: None)
+    with dl.watch(FakeConn(), 30.0):
+        first = dl._thread
+    assert first is not None
+    first.join(timeout=10)
+    assert not first.is_alive() and dl._thread is None
+    with dl.watch(FakeConn(), 30.0):
+        assert dl._thread is not None and dl._thread is not first

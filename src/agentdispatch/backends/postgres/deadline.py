@@ -19,6 +19,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+#: Seconds the watchdog thread waits with nothing to watch before it ends.
+IDLE_EXIT_S = 10.0
+
 
 @dataclass(order=True)
 class Ticket:
@@ -66,7 +69,7 @@ class Deadlines:
                 self._thread = threading.Thread(target=self._run, name="pg-deadlines", daemon=True)
                 self._thread.start()
             elif len(self._heap) == 1:
-                self._cond.notify()
+                self._cond.notify()  # the thread may be idle
         try:
             yield ticket
         finally:
@@ -98,7 +101,11 @@ class Deadlines:
             self.expire_due()
             with self._cond:
                 if not self._heap:
-                    self._cond.wait()
+                    # Idle a while: the thread ends (a process may open many pools).
+                    self._cond.wait(IDLE_EXIT_S)
+                    if not self._heap:
+                        self._thread = None
+                        return
                 else:
                     # At most a second: finished tickets behind a later one leave meanwhile.
                     self._cond.wait(max(0.0, min(self._heap[0].due - self.clock(), 1.0)))
