@@ -357,7 +357,7 @@ class PgDb:
             with self.deadlines.watch(conn, answer_s or self.answer_s) as ticket:
                 try:
                     yield conn
-                except psycopg.OperationalError:
+                except psycopg.Error:
                     if ticket is not None and ticket.expired:
                         raise ServerSilent(ticket.seconds) from None
                     raise
