@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -65,6 +66,18 @@ def spawn_worker(
     cmd = [sys.executable, "-m", "agentdispatch", "worker", *args, "--grace", "5"]
     with log.open("wb") as out:
         return subprocess.Popen([*cmd, "--metrics-port", str(metrics_port)], env=full, stdout=out, stderr=out)
+
+
+@contextmanager
+def stopped_cleanly(worker: subprocess.Popen[bytes], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """SIGTERM ``worker`` at the end of the block; after a block that went
+    through, it must exit 0 (its log says why not)."""
+    try:
+        yield worker
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        code = worker.wait(timeout=30)
+    assert code == 0, log.read_text()[-2000:]
 
 
 def until(cond: Callable[[], bool], what: str, timeout: float, log: Path | None = None) -> None:

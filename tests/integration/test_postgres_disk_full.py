@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ import pytest
 from agentdispatch import Status, Submission
 from agentdispatch.errors import TaskQueueUnavailable
 from backends import pg_harness_at
-from diskkit import fill, free_port, small_disk, spawn_worker, until
+from diskkit import fill, free_port, small_disk, spawn_worker, stopped_cleanly, until
 from pg import PrivateCluster
 
 pytestmark = pytest.mark.skipif(
@@ -45,8 +44,7 @@ def test_a_full_disk_refuses_submissions_by_name_and_loses_no_accepted_turn(tmp_
         try:
             d = h.dispatcher()
             log, port = tmp_path / "worker.log", free_port()
-            worker = spawn_worker(h.env, log, port, ("--concurrency", "8"))
-            try:
+            with stopped_cleanly(spawn_worker(h.env, log, port, ("--concurrency", "8")), log) as worker:
                 first = d.submit(Submission(kind="echo", tenant="t"))
                 until(lambda: h.store.get(first.job_id, "t").status is Status.SUCCEEDED, "the worker never ran", 30)
                 # Accepted, then the disk fills while it runs.
@@ -79,9 +77,5 @@ def test_a_full_disk_refuses_submissions_by_name_and_loses_no_accepted_turn(tmp_
                     60,
                     log,
                 )
-            finally:
-                worker.send_signal(signal.SIGTERM)
-                code = worker.wait(timeout=30)
-            assert code == 0, log.read_text()[-2000:]
         finally:
             h.close()

@@ -5,7 +5,6 @@ file that is no longer one) ends the process non-zero for its supervisor."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 
 from agentdispatch import Status, Submission
 from backends import sqlite_harness
-from diskkit import fill, free_port, metric, small_disk, spawn_worker, until
+from diskkit import fill, free_port, metric, small_disk, spawn_worker, stopped_cleanly, until
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.geteuid() != 0,
@@ -31,8 +30,7 @@ def test_claim_threads_survive_a_full_disk_and_run_the_accepted_turns(tmp_path: 
             )
             filler = fill(disk)
             log, port = tmp_path / "worker.log", free_port()
-            worker = spawn_worker(h.env, log, port)
-            try:
+            with stopped_cleanly(spawn_worker(h.env, log, port), log) as worker:
                 errors = 'agent_utilities_dispatch_worker_errors_total{error="TaskQueueUnavailable"}'
                 until(lambda: "disk is full" in log.read_text(), "the worker never met the full disk", 30)
                 until(lambda: metric(port, errors) >= 2, "the failures were not counted", 30)
@@ -46,10 +44,6 @@ def test_claim_threads_survive_a_full_disk_and_run_the_accepted_turns(tmp_path: 
                     log,
                 )
                 assert "resumed after" in log.read_text()
-            finally:
-                worker.send_signal(signal.SIGTERM)
-                code = worker.wait(timeout=30)
-            assert code == 0, log.read_text()[-2000:]
         finally:
             h.close()
 
