@@ -3,7 +3,10 @@ horizon (reliability scenario 15). A forgotten REPEATABLE READ session, a
 stuck migration or a paused client keeps every dead queue row from being
 vacuumed, and claims slow down behind the bloat long before anything fails.
 The fleet gauge ``oldest_xmin_age_seconds`` lets Prometheus alert on it; a
-worker also says so in its log."""
+worker also says so in its log. Once no such transaction remains, a worker
+also gives the small tables every turn updates in place back their size
+(:class:`~agentdispatch.stores.base.Compaction`): vacuum alone leaves them as
+large as they grew, and every submission and claim reads them whole."""
 
 from __future__ import annotations
 
@@ -11,32 +14,54 @@ import logging
 import time
 from collections.abc import Callable
 
-from .stores.base import Horizon
+from .stores.base import Compaction, Horizon
 
 log = logging.getLogger("agentdispatch.horizon")
 #: How often a worker reads the horizon: one cheap catalog read.
 CHECK_EVERY_S = 30.0
+#: No compaction while a transaction this old is open: it could remove nothing
+#: that transaction may still see.
+QUIET_S = 10.0
 
 
 class HorizonWatch:
     """Logs a warning once the oldest open transaction is ``alert_s`` old,
-    and once more when it ended; :meth:`check` may be called as often as
-    convenient (it reads the store at most every :data:`CHECK_EVERY_S`)."""
+    and once more when it ended, and compacts the store's small tables when
+    no transaction ``quiet_s`` old is open; :meth:`check` may be called as
+    often as convenient (it reads the store at most every
+    :data:`CHECK_EVERY_S`)."""
 
-    def __init__(self, store: object, alert_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        store: object,
+        alert_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        quiet_s: float = QUIET_S,
+    ) -> None:
         self.store = store if isinstance(store, Horizon) and alert_s > 0 else None
+        self.compactor = store if isinstance(store, Compaction) else None
         self.alert_s = alert_s
+        self.quiet_s = quiet_s
         self.clock = clock
         self.held = False
         self._next = 0.0
 
     def check(self) -> None:
-        """Read the horizon if due; store errors reach the caller."""
+        """Read the horizon and compact if due; store errors reach the caller."""
         now = self.clock()
-        if self.store is None or now < self._next:
+        if (self.store is None and self.compactor is None) or now < self._next:
             return
         self._next = now + CHECK_EVERY_S
-        oldest = self.store.oldest_snapshot()
+        if self.store is not None:
+            self._alert(self.store)
+        if self.compactor is not None:
+            done = self.compactor.compact(quiet_s=self.quiet_s)
+            if done:
+                log.info("compacted %s (grown while a transaction was open)", ", ".join(done))
+
+    def _alert(self, store: Horizon) -> None:
+        oldest = store.oldest_snapshot()
         held = oldest is not None and oldest.age_s >= self.alert_s
         if held and not self.held and oldest is not None:
             log.warning(

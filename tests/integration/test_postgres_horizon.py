@@ -1,6 +1,7 @@
 """Reliability scenario 15: a transaction left open on PostgreSQL keeps vacuum
 from cleaning the queue. It shows in the fleet gauge, a worker warns of it,
-and the worker itself never keeps a transaction open across a model call."""
+the worker itself never keeps a transaction open across a model call, and
+once it ended a worker gives the small hot tables back their size."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import psycopg
 import pytest
 
 from agentdispatch import Registry, Status, Submission
+from agentdispatch.backends.postgres import compact
 from agentdispatch.horizon import CHECK_EVERY_S, HorizonWatch
 from agentdispatch.metrics import FleetCollector
 from agentdispatch.runtime import AsyncWorker, RuntimeOptions
@@ -103,6 +105,64 @@ def test_no_alert_reads_the_store_when_turned_off_or_on_sqlite(pg, tmp_path) -> 
         assert GAUGE.removesuffix("_seconds") not in families and "agent_utilities_dispatch_workers" in families
     finally:
         h.close()
+
+
+def _file(conn: psycopg.Connection, table: str) -> tuple[int, int]:
+    """The table's file and its pages."""
+    row = conn.execute(
+        "SELECT pg_relation_filenode(%s::regclass), pg_relation_size(%s::regclass) / 8192", (table, table)
+    ).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def _bloat_counters(conn: psycopg.Connection) -> None:
+    """Update every admission counter in place (value unchanged) until the
+    table is far past what its rows need: a held snapshot keeps each version."""
+    while _file(conn, "dispatch_depth")[1] < 4 * compact.MIN_PAGES:
+        conn.execute("UPDATE dispatch_depth SET n = n")
+
+
+def test_a_worker_compacts_the_counters_once_the_long_transaction_ended(pg) -> None:
+    now = [0.0]
+    watch = HorizonWatch(pg.store, alert_s=3600.0, clock=lambda: now[0], quiet_s=0.001)
+    uri = pg.settings.state_db_uri
+    with psycopg.connect(uri, autocommit=True) as conn:
+        small = _file(conn, "dispatch_depth")
+        with repeatable_read(uri) as pid:
+            _bloat_counters(conn)
+            wait_until(lambda: _age_of(pg, pid) > 0.001)
+            bloated = _file(conn, "dispatch_depth")
+            watch.check()  # the transaction is still open: the rewrite could remove nothing
+            assert _file(conn, "dispatch_depth") == bloated
+        watch.check()  # not due yet
+        assert _file(conn, "dispatch_depth") == bloated
+        now[0] += CHECK_EVERY_S
+        watch.check()
+        file, pages = _file(conn, "dispatch_depth")
+        assert file != bloated[0] and pages <= max(small[1], 1)
+        assert int(conn.execute("SELECT count(*) FROM dispatch_depth").fetchone()[0]) == 64  # type: ignore[index]
+        now[0] += CHECK_EVERY_S
+        watch.check()  # small now: left alone
+        assert _file(conn, "dispatch_depth") == (file, pages)
+
+
+def test_a_busy_table_is_left_to_the_next_pass_without_waiting_for_it(pg) -> None:
+    now = [0.0]
+    watch = HorizonWatch(pg.store, alert_s=3600.0, clock=lambda: now[0])
+    uri = pg.settings.state_db_uri
+    with psycopg.connect(uri, autocommit=True) as conn:
+        with repeatable_read(uri):
+            _bloat_counters(conn)
+        bloated = _file(conn, "dispatch_depth")
+        with psycopg.connect(uri) as writer:
+            writer.execute("UPDATE dispatch_depth SET n = n WHERE slot = 0")  # a submission's, uncommitted
+            watch.check()  # returns although the writer holds on: the rewrite never waited in line
+            assert _file(conn, "dispatch_depth") == bloated
+            writer.rollback()
+        now[0] += CHECK_EVERY_S
+        watch.check()
+        assert _file(conn, "dispatch_depth")[1] < compact.MIN_PAGES
 
 
 @pytest.mark.parametrize("effect_first", [True, False])

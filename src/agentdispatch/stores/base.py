@@ -432,6 +432,18 @@ class Horizon(Protocol):
         """The oldest open transaction of the database, other than the caller's."""
 
 
+@runtime_checkable
+class Compaction(Protocol):
+    """A store whose small, update-in-place tables keep the size a long-open
+    transaction made them grow to, until rewritten (PostgreSQL)."""
+
+    def compact(self, *, quiet_s: float) -> list[str]:
+        """Rewrite those tables far larger than their rows need, unless a
+        transaction open ``quiet_s`` or longer remains (the rewrite would keep
+        what it may see) or a table is busy (left to the next call); the tables
+        rewritten. Cheap when none is."""
+
+
 class Tokens(Protocol):
     """The gateway's bearer tokens."""
 

@@ -51,6 +51,7 @@ from ...stores.rows import (
     worker_from_row,
 )
 from ...workitem import Lease, Outcome, Status, WorkItem
+from .compact import compact as compact_hot_tables
 from .db import ANSWER_S, Conn, PgDb, describe, scalar
 from .tx import SMALL_SUBMISSION, PostgresTx, Q
 
@@ -344,6 +345,9 @@ class PostgresStore:
     def oldest_snapshot(self) -> OldestSnapshot | None:
         row = self.db.read(lambda c: c.execute(Q["oldest_snapshot"]).fetchone())
         return None if row is None else OldestSnapshot(float(row["age_s"]), row["pid"], str(row["state"]))
+
+    def compact(self, *, quiet_s: float) -> list[str]:
+        return compact_hot_tables(self.db, quiet_s=quiet_s)
 
     def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
         def q(conn: Conn) -> dict[str, Any]:

@@ -325,6 +325,13 @@ SELECT age_s, pid, state FROM (
     FROM pg_prepared_xacts WHERE database = current_database()
 ) AS open ORDER BY age_s DESC LIMIT 1
 
+-- name: hot_table_pages
+-- The pages of each named table of the store's schema, those of at least
+-- %(min_pages)s only (a catalog read: no page of theirs is read).
+SELECT name AS relname, pg_relation_size(to_regclass(name)) / 8192 AS pages
+FROM unnest(%(names)s::text[]) AS name
+WHERE to_regclass(name) IS NOT NULL AND pg_relation_size(to_regclass(name)) / 8192 >= %(min_pages)s
+
 -- name: events_of
 SELECT at, event, status, attempt, epoch, detail FROM work_events WHERE job_id = %(id)s ORDER BY id
 

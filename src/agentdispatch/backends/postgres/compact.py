@@ -1,0 +1,91 @@
+"""Small, hot PostgreSQL tables back to their size after a long transaction.
+
+The admission counters, the waiting claimers' marks and the fairness rows are
+a few rows each, updated in place by every submission and claim. While a
+transaction holds the cleanup horizon every update leaves a row version
+behind and these tables grow to hundreds of pages. Vacuum frees the versions
+afterwards but truncates only empty pages at the end, and the live rows sit
+wherever they were updated last: every submission and claim then keeps
+reading all those pages. A rewrite (``VACUUM FULL``) gives a table back the
+pages its rows need, in milliseconds at these sizes.
+
+A rewrite holds the table's exclusive lock, so it asks with ``SKIP_LOCKED``:
+it never waits in the lock queue, where every submission and claim would wait
+behind it; it tries again a moment later instead. Nothing is rewritten while
+an old transaction is open (the rewrite would have to copy every version it
+may still see), nor a table that is not far larger than its rows need, which
+also makes concurrent workers' passes harmless: the second finds the table
+small. Plain autocommit statements only: nothing here needs a session.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from functools import partial
+
+from psycopg import sql
+
+from .db import Conn, PgDb
+from .tx import Q
+
+#: The tables a pass looks at: a few rows each whatever the load, read by
+#: every submission or claim.
+HOT_TABLES = ("dispatch_depth", "dispatch_waiting", "dispatch_fair_groups", "dispatch_fair_tenants")
+#: A table this small is left alone whatever its rows need: reading it costs little.
+MIN_PAGES = 32
+#: A table is rewritten once it is more than this many times the pages its rows need.
+SLACK = 4
+#: Tries per table and pass at its lock, and the pause between tries: each
+#: submission or claim holds it for a moment only.
+TRIES = 40
+PAUSE_S = 0.005
+#: Page bytes for rows, and the per-row cost besides ``pg_column_size``'s (the line pointer).
+PAGE_BYTES, ROW_EXTRA = 8000, 4
+
+
+def _bloated(conn: Conn, quiet_s: float) -> list[str]:
+    """The hot tables worth a rewrite now; none while an old transaction is open."""
+    oldest = conn.execute(Q["oldest_snapshot"]).fetchone()
+    if oldest is not None and float(oldest["age_s"]) >= quiet_s:
+        return []
+    rows = conn.execute(Q["hot_table_pages"], {"names": list(HOT_TABLES), "min_pages": MIN_PAGES}).fetchall()
+    out: list[str] = []
+    for row in rows:
+        # Exact, and read only for a table already past MIN_PAGES.
+        live = conn.execute(
+            sql.SQL("SELECT count(*) AS n, coalesce(sum(pg_column_size(t.*)), 0) AS bytes FROM {} t").format(
+                sql.Identifier(row["relname"])
+            )
+        ).fetchone()
+        need = 1 if live is None else max(1, math.ceil((int(live["bytes"]) + ROW_EXTRA * int(live["n"])) / PAGE_BYTES))
+        if int(row["pages"]) > SLACK * need:
+            out.append(str(row["relname"]))
+    return out
+
+
+def _rewrite(conn: Conn, table: str) -> bool:
+    """``VACUUM FULL`` of ``table`` if its lock is free this instant; True when
+    it was rewritten (a rewrite gives the table a new file)."""
+    name = sql.Identifier(table)
+    file_of = sql.SQL("SELECT pg_relation_filenode({}) AS f").format(sql.Literal(table))
+    before = conn.execute(file_of).fetchone()
+    conn.execute(sql.SQL("VACUUM (FULL, SKIP_LOCKED) {}").format(name), prepare=False)
+    after = conn.execute(file_of).fetchone()
+    return before is not None and after is not None and before["f"] != after["f"]
+
+
+def compact(db: PgDb, *, quiet_s: float, pause: Callable[[float], None] = time.sleep) -> list[str]:
+    """Rewrite the hot tables far larger than their rows need (see the module),
+    unless a transaction open ``quiet_s`` or longer remains; the tables
+    rewritten. A table whose lock stayed busy is left to the next pass."""
+    done: list[str] = []
+    for table in db.read(lambda c: _bloated(c, quiet_s)):
+        for attempt in range(TRIES):
+            if attempt:
+                pause(PAUSE_S)
+            if db.read(partial(_rewrite, table=table)):
+                done.append(table)
+                break
+    return done
