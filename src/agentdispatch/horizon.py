@@ -19,6 +19,8 @@ from .stores.base import Compaction, Horizon
 log = logging.getLogger("agentdispatch.horizon")
 #: How often a worker reads the horizon: one cheap catalog read.
 CHECK_EVERY_S = 30.0
+#: How often a worker looks for tables to compact: two catalog reads when none is due.
+COMPACT_EVERY_S = 5.0
 #: No compaction while a transaction this old is open: it could remove nothing
 #: that transaction may still see.
 QUIET_S = 10.0
@@ -29,7 +31,7 @@ class HorizonWatch:
     and once more when it ended, and compacts the store's small tables when
     no transaction ``quiet_s`` old is open; :meth:`check` may be called as
     often as convenient (it reads the store at most every
-    :data:`CHECK_EVERY_S`)."""
+    :data:`CHECK_EVERY_S`, and :data:`COMPACT_EVERY_S`)."""
 
     def __init__(
         self,
@@ -45,17 +47,16 @@ class HorizonWatch:
         self.quiet_s = quiet_s
         self.clock = clock
         self.held = False
-        self._next = 0.0
+        self._next = self._next_compact = 0.0
 
     def check(self) -> None:
         """Read the horizon and compact if due; store errors reach the caller."""
         now = self.clock()
-        if (self.store is None and self.compactor is None) or now < self._next:
-            return
-        self._next = now + CHECK_EVERY_S
-        if self.store is not None:
+        if self.store is not None and now >= self._next:
+            self._next = now + CHECK_EVERY_S
             self._alert(self.store)
-        if self.compactor is not None:
+        if self.compactor is not None and now >= self._next_compact:
+            self._next_compact = now + COMPACT_EVERY_S
             done = self.compactor.compact(quiet_s=self.quiet_s)
             if done:
                 log.info("compacted %s (grown while a transaction was open)", ", ".join(done))

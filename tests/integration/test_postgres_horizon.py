@@ -20,7 +20,7 @@ import pytest
 
 from agentdispatch import Registry, Status, Submission
 from agentdispatch.backends.postgres import compact
-from agentdispatch.horizon import CHECK_EVERY_S, HorizonWatch
+from agentdispatch.horizon import CHECK_EVERY_S, COMPACT_EVERY_S, HorizonWatch
 from agentdispatch.metrics import FleetCollector
 from agentdispatch.runtime import AsyncWorker, RuntimeOptions
 from backends import Harness
@@ -137,12 +137,12 @@ def test_a_worker_compacts_the_counters_once_the_long_transaction_ended(pg) -> N
             assert _file(conn, "dispatch_depth") == bloated
         watch.check()  # not due yet
         assert _file(conn, "dispatch_depth") == bloated
-        now[0] += CHECK_EVERY_S
+        now[0] += COMPACT_EVERY_S
         watch.check()
         file, pages = _file(conn, "dispatch_depth")
         assert file != bloated[0] and pages <= max(small[1], 1)
         assert int(conn.execute("SELECT count(*) FROM dispatch_depth").fetchone()[0]) == 64  # type: ignore[index]
-        now[0] += CHECK_EVERY_S
+        now[0] += COMPACT_EVERY_S
         watch.check()  # small now: left alone
         assert _file(conn, "dispatch_depth") == (file, pages)
 
@@ -160,7 +160,7 @@ def test_a_busy_table_is_left_to_the_next_pass_without_waiting_for_it(pg) -> Non
             watch.check()  # returns although the writer holds on: the rewrite never waited in line
             assert _file(conn, "dispatch_depth") == bloated
             writer.rollback()
-        now[0] += CHECK_EVERY_S
+        now[0] += COMPACT_EVERY_S
         watch.check()
         assert _file(conn, "dispatch_depth")[1] < compact.MIN_PAGES
 
