@@ -327,10 +327,12 @@ SELECT age_s, pid, state FROM (
 
 -- name: hot_table_pages
 -- The pages of each named table of the store's schema, those of at least
--- %(min_pages)s only (a catalog read: no page of theirs is read).
-SELECT name AS relname, pg_relation_size(to_regclass(name)) / 8192 AS pages
+-- %(min_pages)s only (a catalog read: no page of theirs is read), and only
+-- tables this role may rewrite (VACUUM FULL skips others with a warning).
+SELECT c.relname, pg_relation_size(c.oid) / 8192 AS pages
 FROM unnest(%(names)s::text[]) AS name
-WHERE to_regclass(name) IS NOT NULL AND pg_relation_size(to_regclass(name)) / 8192 >= %(min_pages)s
+JOIN pg_class c ON c.oid = to_regclass(name)
+WHERE pg_relation_size(c.oid) / 8192 >= %(min_pages)s AND pg_has_role(c.relowner, 'USAGE')
 
 -- name: events_of
 SELECT at, event, status, attempt, epoch, detail FROM work_events WHERE job_id = %(id)s ORDER BY id
