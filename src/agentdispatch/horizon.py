@@ -59,7 +59,7 @@ class HorizonWatch:
             self._next_compact = now + COMPACT_EVERY_S
             done = self.compactor.compact(quiet_s=self.quiet_s)
             if done:
-                log.info("compacted %s (grown while a transaction was open)", ", ".join(done))
+                log.info("compacted %s: far larger than their rows needed (vacuum cannot shrink them)", ", ".join(done))
 
     def _alert(self, store: Horizon) -> None:
         oldest = store.oldest_snapshot()
