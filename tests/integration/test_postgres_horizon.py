@@ -165,6 +165,19 @@ def test_a_busy_table_is_left_to_the_next_pass_without_waiting_for_it(pg) -> Non
         assert _file(conn, "dispatch_depth")[1] < compact.MIN_PAGES
 
 
+def test_a_table_its_live_rows_fill_is_left_alone(pg) -> None:
+    watch = HorizonWatch(pg.store, alert_s=3600.0, clock=lambda: 0.0)
+    with psycopg.connect(pg.settings.state_db_uri, autocommit=True) as conn:
+        while _file(conn, "dispatch_waiting")[1] < 2 * compact.MIN_PAGES:  # a large idle fleet's marks
+            conn.execute(
+                "INSERT INTO dispatch_waiting (owner, listener, until) SELECT md5(random()::text), 1, now() "
+                "FROM generate_series(1, 500)"
+            )
+        full = _file(conn, "dispatch_waiting")
+        watch.check()
+        assert _file(conn, "dispatch_waiting") == full
+
+
 @pytest.mark.parametrize("effect_first", [True, False])
 def test_no_transaction_stays_open_across_a_model_call(pg, effect_first: bool) -> None:
     in_call, answer = threading.Event(), threading.Event()

@@ -41,28 +41,10 @@ SLACK = 4
 #: submission or claim holds it for a moment only.
 TRIES = 40
 PAUSE_S = 0.005
+#: How long a table found full of live rows is not counted again.
+RECOUNT_S = 60.0
 #: Page bytes for rows, and the per-row cost besides ``pg_column_size``'s (the line pointer).
 PAGE_BYTES, ROW_EXTRA = 8000, 4
-
-
-def _bloated(conn: Conn, quiet_s: float) -> list[str]:
-    """The hot tables worth a rewrite now; none while an old transaction is open."""
-    oldest = conn.execute(Q["oldest_snapshot"]).fetchone()
-    if oldest is not None and float(oldest["age_s"]) >= quiet_s:
-        return []
-    rows = conn.execute(Q["hot_table_pages"], {"names": list(HOT_TABLES), "min_pages": MIN_PAGES}).fetchall()
-    out: list[str] = []
-    for row in rows:
-        # Exact, and read only for a table already past MIN_PAGES.
-        live = conn.execute(
-            sql.SQL("SELECT count(*) AS n, coalesce(sum(pg_column_size(t.*)), 0) AS bytes FROM {} t").format(
-                sql.Identifier(row["relname"])
-            )
-        ).fetchone()
-        need = 1 if live is None else max(1, math.ceil((int(live["bytes"]) + ROW_EXTRA * int(live["n"])) / PAGE_BYTES))
-        if int(row["pages"]) > SLACK * need:
-            out.append(str(row["relname"]))
-    return out
 
 
 def _rewrite(conn: Conn, table: str) -> bool:
@@ -76,16 +58,54 @@ def _rewrite(conn: Conn, table: str) -> bool:
     return before is not None and after is not None and before["f"] != after["f"]
 
 
-def compact(db: PgDb, *, quiet_s: float, pause: Callable[[float], None] = time.sleep) -> list[str]:
-    """Rewrite the hot tables far larger than their rows need (see the module),
-    unless a transaction open ``quiet_s`` or longer remains; the tables
-    rewritten. A table whose lock stayed busy is left to the next pass."""
-    done: list[str] = []
-    for table in db.read(lambda c: _bloated(c, quiet_s)):
-        for attempt in range(TRIES):
-            if attempt:
-                pause(PAUSE_S)
-            if db.read(partial(_rewrite, table=table)):
-                done.append(table)
-                break
-    return done
+class Compactor:
+    """Rewrites the hot tables far larger than their rows need (see the
+    module). A table past :data:`MIN_PAGES` that its rows do fill (a large
+    backlog's fairness rows) is counted again only after :data:`RECOUNT_S`."""
+
+    def __init__(
+        self, db: PgDb, *, clock: Callable[[], float] = time.monotonic, pause: Callable[[float], None] = time.sleep
+    ) -> None:
+        self.db = db
+        self.clock = clock
+        self.pause = pause
+        self._full_until: dict[str, float] = {}
+
+    def __call__(self, quiet_s: float) -> list[str]:
+        """Rewrite what needs it, unless a transaction open ``quiet_s`` or
+        longer remains; the tables rewritten. A table whose lock stayed busy
+        is left to the next call."""
+        done: list[str] = []
+        for table in self.db.read(lambda c: self._bloated(c, quiet_s)):
+            for attempt in range(TRIES):
+                if attempt:
+                    self.pause(PAUSE_S)
+                if self.db.read(partial(_rewrite, table=table)):
+                    done.append(table)
+                    break
+        return done
+
+    def _bloated(self, conn: Conn, quiet_s: float) -> list[str]:
+        """The hot tables worth a rewrite now; none while an old transaction is open."""
+        oldest = conn.execute(Q["oldest_snapshot"]).fetchone()
+        if oldest is not None and float(oldest["age_s"]) >= quiet_s:
+            return []
+        rows = conn.execute(Q["hot_table_pages"], {"names": list(HOT_TABLES), "min_pages": MIN_PAGES}).fetchall()
+        now = self.clock()
+        out: list[str] = []
+        for row in rows:
+            table = str(row["relname"])
+            if self._full_until.get(table, now) > now:
+                continue
+            # Exact, and read only for a table already past MIN_PAGES.
+            live = conn.execute(
+                sql.SQL("SELECT count(*) AS n, coalesce(sum(pg_column_size(t.*)), 0) AS bytes FROM {} t").format(
+                    sql.Identifier(table)
+                )
+            ).fetchone()
+            used = 0 if live is None else int(live["bytes"]) + ROW_EXTRA * int(live["n"])
+            if int(row["pages"]) > SLACK * max(1, math.ceil(used / PAGE_BYTES)):
+                out.append(table)
+            else:
+                self._full_until[table] = now + RECOUNT_S
+        return out

@@ -51,7 +51,7 @@ from ...stores.rows import (
     worker_from_row,
 )
 from ...workitem import Lease, Outcome, Status, WorkItem
-from .compact import compact as compact_hot_tables
+from .compact import Compactor
 from .db import ANSWER_S, Conn, PgDb, describe, scalar
 from .tx import SMALL_SUBMISSION, PostgresTx, Q
 
@@ -83,6 +83,7 @@ class PostgresStore:
         self.db = PgDb(uri, max_size=pool_size, timeout_s=pool_timeout_s, prepared=prepared, answer_s=answer_s)
         self.extra_attempts = extra_attempts
         self._ref_key: bytes | None = None
+        self._compact = Compactor(self.db)
 
     # -- plumbing -------------------------------------------------------------
     def _key(self) -> bytes:
@@ -347,7 +348,7 @@ class PostgresStore:
         return None if row is None else OldestSnapshot(float(row["age_s"]), row["pid"], str(row["state"]))
 
     def compact(self, *, quiet_s: float) -> list[str]:
-        return compact_hot_tables(self.db, quiet_s=quiet_s)
+        return self._compact(quiet_s)
 
     def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
         def q(conn: Conn) -> dict[str, Any]:
