@@ -47,15 +47,19 @@ RECOUNT_S = 60.0
 PAGE_BYTES, ROW_EXTRA = 8000, 4
 
 
-def _rewrite(conn: Conn, table: str) -> bool:
-    """``VACUUM FULL`` of ``table`` if its lock is free this instant; True when
-    it was rewritten (a rewrite gives the table a new file)."""
-    name = sql.Identifier(table)
-    file_of = sql.SQL("SELECT pg_relation_filenode({}) AS f").format(sql.Literal(table))
+def _rewrite(conn: Conn, table: str) -> bool | None:
+    """``VACUUM FULL`` of ``table`` if its lock is free this instant: True when
+    it was rewritten (a rewrite gives the table a new file), False when its lock
+    was busy, None when it is small already (another worker rewrote it)."""
+    file_of = sql.SQL("SELECT pg_relation_filenode({t}) AS f, pg_relation_size({t}) / 8192 AS pages").format(
+        t=sql.Literal(table)
+    )
     before = conn.execute(file_of).fetchone()
-    conn.execute(sql.SQL("VACUUM (FULL, SKIP_LOCKED) {}").format(name), prepare=False)
+    if before is None or int(before["pages"]) < MIN_PAGES:
+        return None
+    conn.execute(sql.SQL("VACUUM (FULL, SKIP_LOCKED) {}").format(sql.Identifier(table)), prepare=False)
     after = conn.execute(file_of).fetchone()
-    return before is not None and after is not None and before["f"] != after["f"]
+    return after is not None and before["f"] != after["f"]
 
 
 class Compactor:
@@ -80,8 +84,10 @@ class Compactor:
             for attempt in range(TRIES):
                 if attempt:
                     self.pause(PAUSE_S)
-                if self.db.read(partial(_rewrite, table=table)):
+                rewritten = self.db.read(partial(_rewrite, table=table))
+                if rewritten:
                     done.append(table)
+                if rewritten is not False:  # rewritten, or by another worker meanwhile
                     break
         return done
 
