@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from intake.kit import TG_BOT, gateway, install_all
-from kafka_broker import free_port
+from ports import free_port
 
 KAFKA_TIMEOUT_S = 2.0
 BODY_TIMEOUT_S = 2.0

@@ -62,7 +62,8 @@ from agentdispatch.runtime import AsyncWorker, RuntimeOptions
 from agentdispatch.settings import Settings
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from kafka_broker import free_port, tansu_binary
+from kafka_broker import tansu_binary
+from ports import free_port
 
 FAST = {"max_poll_interval_ms": 10_000, "session_timeout_ms": 6_000}
 PROXY = Path(__file__).with_name("latency_proxy.py")

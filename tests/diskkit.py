@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,12 +44,6 @@ def fill(disk: Path) -> Path:
     finally:
         os.close(fd)
     return filler
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def spawn_worker(

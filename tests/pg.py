@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -19,6 +18,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 import psycopg
+
+from ports import free_port
 
 BASE_URI = os.environ.get("AGENTDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -74,9 +75,7 @@ class PrivateCluster:
     5432 serves every other test, in parallel, and is never restarted."""
 
     def __init__(self, parent: Path | None = None) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
+        self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="ad-pg-", dir=parent))
         self.data = self.dir / "data"
         # initdb refuses to run as root: the cluster belongs to the postgres user.

@@ -17,13 +17,9 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ports import free_port
+
 _RUNNING: list[Bouncer] = []
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Bouncer:
@@ -34,7 +30,7 @@ class Bouncer:
         if not Path(binary).exists():
             raise RuntimeError("pgbouncer is not installed (scripts/test.sh installs it with apt-get)")
         up = urlsplit(upstream)
-        self.port = _free_port()
+        self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="ad-pgbouncer-"))
         user = up.username or "postgres"
         (self.dir / "userlist.txt").write_text(f'"{user}" ""\n')

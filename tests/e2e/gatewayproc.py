@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,12 +15,7 @@ from typing import Any
 
 import httpx
 
-
-def free_port() -> int:
-    """A port nobody listens on right now (loopback)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from ports import free_port
 
 
 def cli_env(data_dir: Path, **extra: str) -> dict[str, str]:

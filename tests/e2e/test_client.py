@@ -15,7 +15,8 @@ import pytest
 from agentdispatch import AsyncClient, Client, IdempotencyConflict, InvalidInput, InvalidTransition, JobNotFound
 from agentdispatch.client import Unauthorized
 from agentdispatch.errors import TaskQueueUnavailable
-from e2e.gatewayproc import Gateway, cli_env, free_port, start_gateway
+from e2e.gatewayproc import Gateway, cli_env, start_gateway
+from ports import free_port
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .gatewayproc import Gateway, cli_env, free_port, start_gateway
+from ports import free_port
+
+from .gatewayproc import Gateway, cli_env, start_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS_TOKEN = "m" * 40

@@ -12,7 +12,8 @@ import pytest
 
 from agentdispatch.dispatch import Submission
 from backends import Harness, sqlite_harness
-from e2e.gatewayproc import Gateway, cli, free_port, start_gateway
+from e2e.gatewayproc import Gateway, cli, start_gateway
+from ports import free_port
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from agentdispatch.backends.sqlite.transport import SqliteTransport
 from agentdispatch.gateway import Services, create_app
 from agentdispatch.gateway.auth import mint
 from backends import Harness, sqlite_harness
-from e2e.gatewayproc import free_port
+from ports import free_port
 
 
 @pytest.fixture()

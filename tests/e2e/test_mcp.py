@@ -17,7 +17,8 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from backends import sqlite_harness
-from e2e.gatewayproc import cli_env, free_port
+from e2e.gatewayproc import cli_env
+from ports import free_port
 
 HANDLE_KEYS = {"job_id", "session_id", "kind", "dispatch", "status", "status_url", "status_request"}
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from ports import free_port
+
 SECRET = "s3cr3t-pw"
 
 
@@ -39,14 +41,6 @@ def test_worker_preflight_fails_loudly_without_echoing_endpoints(
     assert "127.0.0.1:1" not in out and SECRET not in out and "admin" not in out
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _missing_database() -> str:
     base = os.environ.get("AGENTDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
     return base.rsplit("/", 1)[0] + "/agentdispatch_no_such_database_" + uuid.uuid4().hex[:8]
@@ -56,7 +50,7 @@ def _missing_database() -> str:
     ("uri", "line", "code"),
     [
         (
-            lambda: f"postgresql://admin:{SECRET}@127.0.0.1:{_free_port()}/nowhere",
+            lambda: f"postgresql://admin:{SECRET}@127.0.0.1:{free_port()}/nowhere",
             "error: cannot connect to PostgreSQL at STATE_DB_URI: connection refused",
             69,  # EX_UNAVAILABLE
         ),
@@ -88,7 +82,7 @@ def test_doctor_blames_an_unreachable_broker_on_the_transport_not_the_store(tmp_
         **os.environ,
         "AGENT_DISPATCH_DATA_DIR": str(tmp_path),
         "TASK_QUEUE_BACKEND": "kafka",
-        "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{_free_port()}",
+        "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}",
     }
     env.pop("STATE_DB_URI", None)
     proc = subprocess.run(

@@ -30,7 +30,8 @@ from agentdispatch.settings import Settings, load_settings
 from agentdispatch.stores.base import NewJob
 from agentdispatch.transports.base import Delivery, Receipt
 from agentdispatch.worker import Worker, WorkerOptions
-from kafka_broker import Broker, free_port
+from kafka_broker import Broker
+from ports import free_port
 
 FAST = {"max_poll_interval_ms": 10_000, "session_timeout_ms": 6_000}
 

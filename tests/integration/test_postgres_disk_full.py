@@ -17,8 +17,9 @@ import pytest
 from agentdispatch import Status, Submission
 from agentdispatch.errors import TaskQueueUnavailable
 from backends import pg_harness_at
-from diskkit import fill, free_port, small_disk, spawn_worker, stopped_cleanly, until
+from diskkit import fill, small_disk, spawn_worker, stopped_cleanly, until
 from pg import PrivateCluster
+from ports import free_port
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.geteuid() != 0,

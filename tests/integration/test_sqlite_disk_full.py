@@ -13,7 +13,8 @@ import pytest
 
 from agentdispatch import Status, Submission
 from backends import sqlite_harness
-from diskkit import fill, free_port, metric, small_disk, spawn_worker, stopped_cleanly, until
+from diskkit import fill, metric, small_disk, spawn_worker, stopped_cleanly, until
+from ports import free_port
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.geteuid() != 0,
