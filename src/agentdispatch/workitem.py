@@ -342,6 +342,10 @@ def commit(item: WorkItem, lease: Lease, outcome: Outcome, now: float, backoff_s
             return item
         if item.status is Status.CANCELLED:
             raise LeaseLost(f"job {item.id} was cancelled; lease epoch {lease.epoch} fenced")
+        if item.reason == "lease_exhausted":
+            # The lease ran out and the reaper ended the turn: a late commit of
+            # this lease is fenced, as any lost lease's is, not a conflict.
+            raise LeaseLost(f"job {item.id}: lease epoch {lease.epoch} expired on its last attempt; fenced")
         raise OutcomeConflict(f"job {item.id} is already {item.status.value}")
     check_fence(item, lease, now)
     done = evolve(

@@ -8,10 +8,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from agentdispatch import Status, Submission
+from agentdispatch import LeaseLost, Status, Submission
 from agentdispatch.fleet import process_label
 from agentdispatch.reconciler import reap_dead_workers, take_over
 from agentdispatch.stores.base import ClaimKind, WorkerRow
+from agentdispatch.workitem import Outcome
 
 from .helpers import wait_until
 
@@ -76,3 +77,36 @@ def test_a_worker_starting_under_a_name_takes_over_its_earlier_incarnation(harne
 
     assert harness.store.get(job, "t").status is Status.READY
     assert "pod-0@old" not in {w.worker_id for w in harness.store.workers()}
+
+
+def _claim(h, job: str, owner: str):
+    claims = []
+
+    def claimed() -> bool:
+        claims.append(h.store.claim(job, "t", owner=owner, ttl_s=300))
+        return claims[-1].kind is ClaimKind.CLAIMED
+
+    wait_until(claimed)
+    return claims[-1].lease
+
+
+def test_a_late_commit_of_a_lease_exhausted_turn_is_fenced_and_costs_its_batch_nothing(make_harness):
+    # The worker was only slow (paused, or its commit waited out a database
+    # outage): its commit comes after the reaper dead-lettered the turn. It
+    # must be fenced like any lost lease, not fail the whole commit batch
+    # (which the worker would retry, with every later turn, for good).
+    h = make_harness(max_attempts=1)
+    d = h.dispatcher()
+    late, other = (d.submit(Submission(kind="echo", tenant="t", session_id=s)).job_id for s in ("a", "b"))
+    h.store.heartbeat(_row("w-dead", _dead_label()))
+    leases = {late: _claim(h, late, "w-dead:0"), other: _claim(h, other, "w-live:0")}
+    assert reap_dead_workers(h.store, h.transport).dead_lettered == 1
+
+    done = h.store.commit_many(
+        [(leases[late], Outcome(ok=True, result=1)), (leases[other], Outcome(ok=True, result=2))]
+    )
+
+    assert isinstance(done[0], LeaseLost)
+    assert not isinstance(done[1], LeaseLost) and done[1].status is Status.SUCCEEDED
+    item = h.store.get(late, "t")
+    assert (item.status, item.reason) == (Status.DEAD_LETTER, "lease_exhausted")
