@@ -139,7 +139,7 @@ def failure_outcome(exc: Exception) -> Outcome | None:
             ok=False,
             error=error,
             retryable=False,
-            reason=exc.reason,
+            reason=None if exc.reason is None else storable(str(exc.reason)),
             retired=isinstance(exc, Retired),
             traceback=_traceback(exc),
         )
@@ -154,16 +154,24 @@ def _text(exc: BaseException) -> str:
     """``str(exc)``, or a stand-in when the exception's own ``__str__`` fails:
     the failure must still be committed, or the turn would wait out its lease."""
     try:
-        return str(exc)
+        return storable(str(exc))
     except Exception:
         return "<the exception's message could not be read>"
 
 
 def _traceback(exc: BaseException) -> str:
     try:
-        return "".join(traceback.format_exception(exc)).rstrip()
+        return storable("".join(traceback.format_exception(exc)).rstrip())
     except Exception:
         return f"{type(exc).__name__}: <the traceback could not be formatted>"
+
+
+def storable(text: str) -> str:
+    """``text`` as every store can hold it: PostgreSQL refuses a NUL in text
+    and neither database takes a lone surrogate (not UTF-8), so both are
+    written as escapes. A message of decoded bytes carries them easily, and
+    an outcome that cannot be stored would fail its whole commit batch."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def outcome_of(

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from agentdispatch import InvalidInput, Registry, Status, Submission
+from agentdispatch import InvalidInput, NonRetryableError, Registry, Status, Submission
 from agentdispatch.runtime import AsyncWorker, RuntimeOptions
 
 from .helpers import wait_until
@@ -67,6 +67,15 @@ def _registry() -> Registry:
     def unprintable(turn, guard):
         raise _Unprintable()
 
+    @reg.register("nul_message")
+    def nul_message(turn, guard):
+        # Bytes decoded loosely: a NUL and a lone surrogate neither database takes as text.
+        raise RuntimeError("reply was b'\\x00' \x00 and \ud800")
+
+    @reg.register("nul_non_retryable")
+    def nul_non_retryable(turn, guard):
+        raise NonRetryableError("refused \x00 here", reason="bad\x00input")
+
     @reg.register("deep_checkpoint")
     def deep_checkpoint(turn, guard):
         try:
@@ -103,3 +112,15 @@ def test_an_exception_whose_message_cannot_be_read_still_ends_the_turn(make_harn
     failed = _run(make_harness, ["unprintable"])["unprintable"]["job"]
     assert failed["status"] == Status.DEAD_LETTER.value and failed["reason"] == "max_attempts"
     assert failed["error"].startswith("_Unprintable: ")
+
+
+def test_an_exception_message_no_database_can_store_still_ends_the_turn(make_harness):
+    views = _run(make_harness, ["nul_message", "nul_non_retryable", "not_a_number"])
+    failed = views["nul_message"]["job"]
+    assert failed["status"] == Status.DEAD_LETTER.value and failed["reason"] == "max_attempts"
+    assert failed["error"].startswith("RuntimeError: reply was")
+    assert "\x00" not in failed["error"] and "\ud800" not in failed["error"]
+    refused = views["nul_non_retryable"]["job"]
+    assert refused["status"] == Status.FAILED.value and "\x00" not in refused["error"] + refused["reason"]
+    # A turn committed beside them is not held back by their outcomes.
+    assert views["not_a_number"]["job"]["status"] == Status.SUCCEEDED.value
