@@ -7,12 +7,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 import uvicorn
 
+from agentdispatch.backends.postgres.store import PostgresStore
 from agentdispatch.backends.sqlite.db import SqliteDb
 from agentdispatch.backends.sqlite.store import SqliteStore
 from agentdispatch.backends.sqlite.transport import SqliteTransport
@@ -94,3 +96,26 @@ def test_store_outage_is_503_with_retry_after_and_loses_nothing(
         assert store.counts(None) == before
         assert c.get(f"/v1/jobs/{accepted}").json()["status"] == "ready"
         assert c.post("/v1/jobs", json={"kind": "echo"}).status_code == 202
+
+
+def test_liveness_answers_at_once_while_requests_wait_on_a_database_that_is_down(
+    served: tuple[Harness, Services, str],
+) -> None:
+    # A PostgreSQL store whose server is down: every request that reads it
+    # holds a worker thread while the pool waits for a connection. /healthz
+    # says whether the process serves; it must not queue behind them, or a
+    # liveness probe restarts every gateway during a database outage.
+    _, services, url = served
+    down = PostgresStore(f"postgresql://postgres@127.0.0.1:{free_port()}/test", pool_timeout_s=2.0)
+    services.store = services.dispatcher.store = down
+    services.auth = False
+    try:
+        with httpx.Client(base_url=url, timeout=60) as c, ThreadPoolExecutor(80) as pool:
+            waiting = [pool.submit(c.get, "/v1/jobs/dispatch-x") for _ in range(80)]
+            time.sleep(0.5)  # let them take the gateway's worker threads
+            started = time.monotonic()
+            assert c.get("/healthz", timeout=30).status_code == 200
+            assert time.monotonic() - started < 2.0
+            assert {f.result().status_code for f in waiting} == {503}
+    finally:
+        down.close()

@@ -109,9 +109,12 @@ def build_router(services: Services, caller_dep: Any) -> APIRouter:
         return JSONResponse(body, headers=NO_STORE)
 
     @router.get("/healthz", tags=["ops"], summary="Liveness: the process answers")
-    def healthz() -> Any:
+    async def healthz() -> Any:
         """200 while the process serves requests; it reads nothing (use
         `/readyz` for the store and transport)."""
+        # On the event loop, not a worker thread: during a database outage
+        # every thread may be waiting for a connection, and a liveness probe
+        # that queued behind them would restart a gateway that is fine.
         return JSONResponse({"status": "ok"}, headers=NO_STORE)
 
     @router.get("/readyz", tags=["ops"], summary="Readiness: store and transport reachable")
