@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from . import tracing
 from .envelope import MAX_PAYLOAD_BYTES, JobHandle, new_job_id
-from .errors import InvalidInput, PayloadTooLarge, TaskQueueUnavailable
+from .errors import InvalidInput, JobNotFound, PayloadTooLarge, TaskQueueUnavailable
 from .settings import Settings
 from .stores.base import Accepted, JobFilter, NewJob, Store
 from .transports.base import Sender
@@ -137,8 +137,8 @@ def validate(sub: Submission, *, max_attempts: int, known_kinds: frozenset[str] 
     if job_id in deps:
         raise InvalidInput("a job cannot depend on itself")
     session = _ident("session_id", sub.session_id) if sub.session_id else job_id
-    if not isinstance(sub.agent_name, str) or len(sub.agent_name) > 200:
-        raise InvalidInput("agent_name must be a string of at most 200 characters")
+    if not isinstance(sub.agent_name, str) or len(sub.agent_name) > 200 or "\x00" in sub.agent_name:
+        raise InvalidInput("agent_name must be a string of at most 200 characters (no NUL)")
     timeout_s = _timeout(sub.timeout_s)
     return NewJob(
         job_id=job_id,
@@ -174,11 +174,20 @@ def _timeout(value: Any) -> float | None:
     return float(value)
 
 
+def _known(job_id: str) -> str:
+    """``job_id`` to look up. No job id holds a NUL (submissions are checked),
+    and PostgreSQL cannot even compare one: such an id is unknown, not an
+    outage."""
+    if "\x00" in job_id:
+        raise JobNotFound(job_id)
+    return job_id
+
+
 def _check_filters(f: JobFilter) -> None:
     for name in ("kind", "session_id", "agent_name", "id_contains"):
         value = getattr(f, name)
-        if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 200):
-            raise InvalidInput(f"the {name} filter must be 1-200 characters")
+        if value is not None and (not isinstance(value, str) or not 0 < len(value) <= 200 or "\x00" in value):
+            raise InvalidInput(f"the {name} filter must be 1-200 characters (no NUL)")
     for name in ("created_from", "created_to"):
         value = getattr(f, name)
         if value is not None and not _number(value):
@@ -267,7 +276,7 @@ class Dispatcher:
 
     def status(self, job_id: str, tenant: str | None) -> dict[str, Any]:
         """The WorkItem view (no lease secrets); raises :class:`JobNotFound`."""
-        return self.store.get(job_id, tenant).view()
+        return self.store.get(_known(job_id), tenant).view()
 
     def wait(self, job_id: str, tenant: str | None, timeout_s: float) -> dict[str, Any]:
         """The job's view once it is terminal, or after ``timeout_s`` seconds
@@ -276,11 +285,11 @@ class Dispatcher:
 
     def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> dict[str, Any]:
         """Cancel a non-terminal job; terminal jobs are returned unchanged."""
-        return self.store.cancel(job_id, tenant, reason).view()
+        return self.store.cancel(_known(job_id), tenant, reason).view()
 
     def replay(self, job_id: str, tenant: str | None) -> dict[str, Any]:
         """Replay a dead-lettered job as a new attempt."""
-        item = self.store.replay(job_id, tenant)
+        item = self.store.replay(_known(job_id), tenant)
         self._publish()
         return item.view()
 
@@ -300,4 +309,4 @@ class Dispatcher:
 
     def history(self, job_id: str, tenant: str | None) -> dict[str, Any]:
         """A job's events and side-effect ledger."""
-        return self.store.history(job_id, tenant)
+        return self.store.history(_known(job_id), tenant)

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from agentdispatch import IdempotencyConflict, InvalidInput, QueueFull, Registry, Status, Submission, Turn
+from agentdispatch import IdempotencyConflict, InvalidInput, JobNotFound, QueueFull, Registry, Status, Submission, Turn
 from agentdispatch.handlers import builtins
 from agentdispatch.stores.base import ClaimKind, JobFilter
 from agentdispatch.workitem import Outcome
@@ -189,3 +189,22 @@ def test_an_absolute_start_time_is_kept_exactly(harness):
     when = 4_000_000_000.25
     job = harness.dispatcher().submit(Submission(kind="echo", tenant="t", not_before=when))
     assert harness.store.get(job.job_id, "t").ready_at == when
+
+
+def test_a_nul_in_a_lookup_or_filter_is_refused_as_bad_input_not_an_outage(harness):
+    # PostgreSQL cannot hold or compare a NUL in text: asked for one, the
+    # store failed as if it were down (HTTP 503, which clients retry).
+    d = harness.dispatcher()
+    job = d.submit(Submission(kind="echo", tenant="t", agent_name="bot")).job_id
+    before = harness.store.counts("t")
+    bad = job + "\x00"
+    for call in (d.status, d.cancel, d.replay, d.history):
+        with pytest.raises(JobNotFound):
+            call(bad, "t")
+    for name in ("kind", "session_id", "agent_name", "id_contains"):
+        with pytest.raises(InvalidInput, match=name):
+            d.jobs("t", filters=JobFilter(**{name: "a\x00"}))
+    with pytest.raises(InvalidInput, match="agent_name"):
+        d.submit(Submission(kind="echo", tenant="t", agent_name="bot\x00"))
+    assert harness.store.counts("t") == before
+    assert d.status(job, "t")["status"] == Status.READY.value
