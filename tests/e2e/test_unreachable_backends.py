@@ -5,6 +5,7 @@ a PostgreSQL URI is a settings error."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -134,3 +135,25 @@ def test_a_server_that_is_not_postgresql_is_named_as_such(tmp_path: Path) -> Non
     assert out == (
         "error: cannot connect to PostgreSQL at STATE_DB_URI: the server there does not speak the PostgreSQL protocol"
     ), out
+
+
+def test_commands_that_need_only_the_store_work_while_the_broker_is_down(tmp_path: Path) -> None:
+    """An operator looks at and cancels jobs during a Kafka outage: the
+    WorkItems live in the store. Only a submission needs the broker."""
+
+    def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        full = {**os.environ, "AGENT_DISPATCH_DATA_DIR": str(tmp_path), **env}
+        full.pop("STATE_DB_URI", None)
+        return subprocess.run(
+            [sys.executable, "-m", "agentdispatch", *args], env=full, capture_output=True, text=True, timeout=120
+        )
+
+    job = run("submit", "echo", TASK_QUEUE_BACKEND="sqlite").stdout.strip()
+    assert job.startswith("dispatch-"), job
+    down = {"TASK_QUEUE_BACKEND": "kafka", "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{free_port()}"}
+    for args in (["status", job], ["jobs"], ["dlq", "list"], ["cancel", job], ["token", "create", "--tenant", "t"]):
+        proc = run(*args, "--json", **down) if args[0] != "token" else run(*args, **down)
+        assert proc.returncode == 0, (args, proc.stdout + proc.stderr)
+    assert json.loads(run("status", job, "--json", **down).stdout)["status"] == "cancelled"
+    refused = run("submit", "echo", **down)
+    assert refused.returncode == 69 and "KAFKA_BOOTSTRAP_SERVERS" in refused.stderr, refused.stderr

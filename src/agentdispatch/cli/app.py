@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from ..dispatch import Dispatcher
     from ..handlers import Registry
     from ..settings import Settings
-    from ..stores.base import Store
+    from ..stores.base import Outbox, Store
     from ..transports.base import Transport
 
 
@@ -27,19 +27,24 @@ class App:
 
         return load_settings()
 
-    @cached_property
+    @property
     def backends(self) -> tuple[Store, Transport]:
-        from ..factory import open_backends
+        return self.store, self.transport
 
-        return open_backends(self.settings)
-
-    @property
+    @cached_property
     def store(self) -> Store:
-        return self.backends[0]
+        from ..factory import open_store
 
-    @property
+        return open_store(self.settings)
+
+    @cached_property
     def transport(self) -> Transport:
-        return self.backends[1]
+        # Opened apart from the store, when first used: reading, cancelling
+        # and replaying jobs need only the store, and must work while a
+        # Kafka broker is down.
+        from ..factory import open_transport
+
+        return open_transport(self.settings, self.store)
 
     @cached_property
     def registry(self) -> Registry:
@@ -51,4 +56,30 @@ class App:
         from ..dispatch import Dispatcher
 
         kinds = self.registry.kinds() if check_kinds else None
-        return Dispatcher(self.store, self.transport, self.settings, known_kinds=kinds)
+        return Dispatcher(self.store, _LazySender(self), self.settings, known_kinds=kinds)
+
+
+class _LazySender:
+    """The dispatcher's transport, opened on its first use (a submission's
+    admission, a replay's publish; a replay that cannot publish leaves the
+    turn to the reconciler)."""
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+
+    @property
+    def redeliver_after_s(self) -> float:
+        return self._app.transport.redeliver_after_s
+
+    @redeliver_after_s.setter
+    def redeliver_after_s(self, value: float) -> None:
+        self._app.transport.redeliver_after_s = value
+
+    def admit(self, n: int, max_depth: int) -> None:
+        self._app.transport.admit(n, max_depth)
+
+    def relay(self, store: Outbox) -> int:
+        return self._app.transport.relay(store)
+
+    def depth(self) -> int:
+        return self._app.transport.depth()

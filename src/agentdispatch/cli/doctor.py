@@ -87,7 +87,7 @@ def run_checks(obj: App) -> list[Check]:
     def transport_ping() -> str:
         transport = open_transport(s, opened["store"])
         transport.ping()
-        obj.__dict__["backends"] = (opened["store"], transport)  # App.backends, for the checks below
+        obj.__dict__.update(store=opened["store"], transport=transport)  # App's, for the checks below
         return f"{transport.name} reachable"
 
     store_ok = _try("store", store_ping)
