@@ -58,6 +58,18 @@ def _wants_fence(fn: Callable[..., Any]) -> bool:
         return False
 
 
+def _check_key(key: object) -> None:
+    """Refuse a ledger key a store cannot hold (PostgreSQL takes no NUL in
+    text; neither database a lone surrogate) before anything runs: the write
+    would fail as if the database were down."""
+    if not isinstance(key, str) or "\x00" in key:
+        raise InvalidInput(f"a side effect key must be a string without NUL, not {key!r}")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"a side effect key must be valid Unicode text, not {key!r}") from None
+
+
 class LeaseGuard:
     """Keeps one lease alive and fences every side effect."""
 
@@ -220,6 +232,7 @@ class LeaseGuard:
         a parameter named ``fence`` receives the lease's :class:`Fence`.
 
         In an ``async def`` handler use :meth:`side_effect_async`."""
+        _check_key(key)
         with tracing.span("side_effect", parent=self.trace, key=key, job_id=self.lease.job_id):
             return self._side_effect(key, fn, verify=verify, idempotent=idempotent)
 
@@ -267,6 +280,7 @@ class LeaseGuard:
         ledger writes run off the loop. The same ledger, states and fence: a
         turn cancelled while ``fn`` runs leaves it ``unknown``; one cancelled
         before ``fn`` started never starts it."""
+        _check_key(key)
         with tracing.span("side_effect", parent=self.trace, key=key, job_id=self.lease.job_id):
             return await self._side_effect_async(key, fn, verify=verify, idempotent=idempotent)
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from agentdispatch import NOT_HAPPENED, EffectInFlight, EffectUnknown, LeaseLost, Status, Submission
+from agentdispatch import NOT_HAPPENED, EffectInFlight, EffectUnknown, InvalidInput, LeaseLost, Status, Submission
 from agentdispatch.errors import TaskQueueUnavailable
 from agentdispatch.handlers import Registry
 from agentdispatch.lease import LeaseGuard
@@ -298,3 +298,16 @@ def test_a_key_a_dead_job_left_is_taken_over_by_the_job_that_verifies_it(harness
     assert harness.store.effect_end(lease, "reply:7", state="committed", result="m-7") is True
     assert _ledger(harness, live) == [("reply:7", "committed", lease.epoch)]
     assert _ledger(harness, gone) == []
+
+
+def test_a_key_no_store_can_hold_is_refused_before_anything_runs(harness):
+    # A NUL made the ledger write fail on PostgreSQL, reported as a database
+    # outage ("check STATE_DB_URI"); SQLite took it.
+    job = harness.dispatcher().submit(Submission(kind="echo", tenant="t"))
+    guard = LeaseGuard(harness.store, _claim(harness, job.job_id, "w:1"), ttl_s=30, renew_interval_s=10)
+    ran: list[int] = []
+    for key in ("reply\x00", "reply\ud800", 7):
+        with pytest.raises(InvalidInput, match="key"):
+            guard.side_effect(key, lambda: ran.append(1))  # type: ignore[arg-type]
+    assert ran == [] and _ledger(harness, job.job_id) == []
+    assert guard.side_effect("reply", lambda: "sent") == "sent"
