@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from pg import fresh_schema
 from ports import free_port
 
 SECRET = "s3cr3t-pw"
@@ -157,3 +158,18 @@ def test_commands_that_need_only_the_store_work_while_the_broker_is_down(tmp_pat
     assert json.loads(run("status", job, "--json", **down).stdout)["status"] == "cancelled"
     refused = run("submit", "echo", **down)
     assert refused.returncode == 69 and "KAFKA_BOOTSTRAP_SERVERS" in refused.stderr, refused.stderr
+
+
+@pytest.mark.parametrize("command", [["jobs"], ["status", "dispatch-x"], ["dlq", "list"], ["schedule", "list"]])
+def test_a_store_never_migrated_says_to_run_migrate(tmp_path: Path, command: list[str]) -> None:
+    """A new operator who skipped `agentdispatch migrate` read "PostgreSQL read
+    failed (UndefinedTable, SQLSTATE 42P01); see the PostgreSQL server's log"
+    from every read command (a submission already said what to do)."""
+    with fresh_schema() as uri:
+        env = {**os.environ, "AGENT_DISPATCH_DATA_DIR": str(tmp_path), "STATE_DB_URI": uri}
+        env.pop("TASK_QUEUE_BACKEND", None)
+        proc = subprocess.run(
+            [sys.executable, "-m", "agentdispatch", *command], env=env, capture_output=True, text=True, timeout=120
+        )
+    assert proc.returncode == 69, proc.stdout + proc.stderr
+    assert "run `agentdispatch migrate`" in proc.stderr, proc.stderr

@@ -151,6 +151,9 @@ _HINTS = {
     "57P01": "the database server is shutting down",
     "57P02": "the database server is shutting down",
     "57P03": "the database server is starting up",
+    # A table of ours is missing: the schema was never created where
+    # STATE_DB_URI points (its search_path included).
+    "42P01": "a table is missing: run `agentdispatch migrate`",
 }
 
 
