@@ -285,6 +285,8 @@ class Dispatcher:
 
     def cancel(self, job_id: str, tenant: str | None, reason: str = "cancelled") -> dict[str, Any]:
         """Cancel a non-terminal job; terminal jobs are returned unchanged."""
+        if not isinstance(reason, str) or "\x00" in reason:
+            raise InvalidInput("reason must be a string without NUL")
         return self.store.cancel(_known(job_id), tenant, reason).view()
 
     def replay(self, job_id: str, tenant: str | None) -> dict[str, Any]:

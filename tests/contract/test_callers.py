@@ -206,5 +206,7 @@ def test_a_nul_in_a_lookup_or_filter_is_refused_as_bad_input_not_an_outage(harne
             d.jobs("t", filters=JobFilter(**{name: "a\x00"}))
     with pytest.raises(InvalidInput, match="agent_name"):
         d.submit(Submission(kind="echo", tenant="t", agent_name="bot\x00"))
+    with pytest.raises(InvalidInput, match="reason"):
+        d.cancel(job, "t", "asked\x00")
     assert harness.store.counts("t") == before
     assert d.status(job, "t")["status"] == Status.READY.value
