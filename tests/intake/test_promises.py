@@ -138,3 +138,16 @@ def test_conversation_history_is_readable_after_coalescing(s: Site) -> None:
     with gw.client() as c:
         assert c.get(path).status_code == 401
     assert "not found" in s.cli_fails("intake", "messages", s.inst.telegram, conv, "--tenant", "someone-else")
+
+
+def test_an_update_no_store_can_hold_is_a_rejected_receipt_not_a_503(s: Site) -> None:
+    # A lone surrogate is a valid JSON escape but not Unicode text: storing
+    # the update failed, and the 503 had the provider resend it for good.
+    gw = s.gateway("--no-auth")
+    with gw.client() as c:
+        assert send(c, 1, "half an emoji \ud83d").status_code == 200
+        assert send(c, 1, "half an emoji \ud83d").status_code == 200  # a duplicate, answered alike
+        assert send(c, 2, "a whole one \U0001f600").status_code == 200
+    rows = s.rows("SELECT state, reason, job_id FROM intake_receipts")
+    assert sorted((r["state"], r["reason"] or "") for r in rows) == [("accepted", ""), ("rejected", "malformed")]
+    assert s.receipt(tg_job(2))["state"] == "accepted"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -92,9 +93,17 @@ def json_object(body: bytes) -> dict[str, Any] | None:
     JSON, not an object, or nested too deeply to read)."""
     try:
         doc = json.loads(body)
-    except (ValueError, RecursionError):
+        if _HALF_PAIR.search(body):
+            # A lone surrogate is a valid JSON escape but not text: PostgreSQL
+            # refuses it, and a 503 would have the provider resend it for good.
+            json.dumps(doc, ensure_ascii=False).encode("utf-8")
+    except (ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
         return None
     return doc if isinstance(doc, dict) else None
+
+
+#: A surrogate escape in a JSON body (paired ones, such as emoji, pass the check).
+_HALF_PAIR = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def number(text: str | None, default: int) -> int:
