@@ -11,6 +11,13 @@ baseline's and when the gauge first passed the alert rule's 120 s. The
 scenario asks for the alert within 5 min and claim p99 back to baseline within
 5 min after the transaction ends. No assertions.
 
+The baseline is the first windows on tables still small, and the tables grow
+whatever the hold; ``--control`` runs the same timeline with the holding
+session in a READ COMMITTED transaction that keeps no snapshot, so vacuum
+proceeds. ``--json FILE`` writes the windows; ``--compare HOLD CONTROL``
+prints each after-phase window's p99 as a ratio of the control's same window
+(two runs at the same time, each ``--private``, see the same machine noise).
+
 The shared test server runs with autovacuum off, so there only pruning on
 access removes the dead rows once the hold ends. ``--private`` runs on a
 cluster of the benchmark's own (initdb in a temp dir, a free port) with the
@@ -19,12 +26,16 @@ autovacuum_naptime (default 1min).
 
     python benchmarks/bench_bloat.py --before 60 --hold 600 --after 300
     python benchmarks/bench_bloat.py --private --before 60 --hold 300 --after 300
+    python benchmarks/bench_bloat.py --private --json hold.json &
+    python benchmarks/bench_bloat.py --private --control --json control.json
+    python benchmarks/bench_bloat.py --compare hold.json control.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import sys
@@ -65,7 +76,7 @@ class Probe:
         self.gauge = gauge
         self.lock = threading.Lock()
         self.latencies: list[float] = []
-        self.rows: list[tuple[str, float, float, float, int, float]] = []
+        self.rows: list[tuple[str, float, float, float, int, float, int, int]] = []
         self.fair_dead = 0
         self.vacuums = 0
 
@@ -87,16 +98,17 @@ class Probe:
             # The fairness groups' table: after the hold, claims stay slow until
             # vacuum truncates it (their plans scan it), not only until its dead
             # rows are gone.
-            pages = c.execute("SELECT pg_relation_size('dispatch_fair_groups') / 8192").fetchone()
+            row = c.execute("SELECT pg_relation_size('dispatch_fair_groups') / 8192").fetchone()
+        pages = int(row[0]) if row else 0
         dead = sum(stats.get(name, (0, 0))[0] for name in TABLES[:3])
         fair = sum(stats.get(name, (0, 0))[0] for name in TABLES[3:])
         vacuums = sum(v for _d, v in stats.values())
         p50, p99 = pct(window, 0.5) * 1000, pct(window, 0.99) * 1000
         age = self.gauge()
-        self.rows.append((phase, t, p50, p99, dead, age))
+        self.rows.append((phase, t, p50, p99, dead, age, fair, pages))
         print(
             f"{phase:>7} t={t:6.0f} s  turns={len(window):5d}  p50={p50:7.1f} ms  p99={p99:7.1f} ms  "
-            f"dead rows={dead:8d}  fairness={fair:6d} ({pages[0] if pages else 0:5d} pages)  autovacuums={vacuums:3d}  "
+            f"dead rows={dead:8d}  fairness={fair:6d} ({pages:5d} pages)  autovacuums={vacuums:3d}  "
             f"oldest xact={age:6.0f} s",
             flush=True,
         )
@@ -141,7 +153,13 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=30.0)
     ap.add_argument("--private", action="store_true", help="a cluster of its own, autovacuum on")
     ap.add_argument("--naptime", help="autovacuum_naptime of the private cluster (e.g. 15s)")
+    ap.add_argument("--control", action="store_true", help="the holding session keeps no snapshot")
+    ap.add_argument("--json", help="write the windows to this file")
+    ap.add_argument("--compare", nargs=2, metavar=("HOLD", "CONTROL"), help="compare two --json files, run nothing")
     args = ap.parse_args()
+    if args.compare:
+        compare(*args.compare)
+        return
 
     cluster = private_cluster(args.naptime) if args.private else None
     base = cluster.uri() if cluster is not None else BASE
@@ -193,7 +211,9 @@ def run(args: argparse.Namespace, base: str) -> None:
         for phase, seconds in phases:
             if phase == "hold":
                 holder = psycopg.connect(uri)
-                holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                # READ COMMITTED drops its snapshot once the statement ends: the
+                # same session, idle in a transaction, but vacuum may proceed.
+                holder.execute("BEGIN ISOLATION LEVEL " + ("READ COMMITTED" if args.control else "REPEATABLE READ"))
                 holder.execute("SELECT count(*) FROM work_items").fetchone()
                 hold_began = time.monotonic()
             elif phase == "after" and holder is not None:
@@ -221,8 +241,10 @@ def run(args: argparse.Namespace, base: str) -> None:
         store.close()
         drop_database(base, uri)
 
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "alert_at": alert_at, "rows": probe.rows}))
     by_phase: dict[str, list[float]] = {}
-    for phase, _t, _p50, p99, _dead, _age in probe.rows:
+    for phase, _t, _p50, p99, *_ in probe.rows:
         by_phase.setdefault(phase, []).append(p99)
     base = statistics.median(by_phase.get("before", [float("nan")]))
     print(f"\nbaseline p99 (median of windows): {base:.1f} ms")
@@ -230,7 +252,7 @@ def run(args: argparse.Namespace, base: str) -> None:
         values = by_phase.get(phase, [])
         if values:
             print(f"{phase}: p99 per window as a ratio of baseline: " + ", ".join(f"{v / base:.2f}" for v in values))
-    after = [(t, p99) for phase, t, _p50, p99, _dead, _age in probe.rows if phase == "after"]
+    after = [(t, p99) for phase, t, _p50, p99, *_ in probe.rows if phase == "after"]
     back = next((i for i in range(len(after)) if all(v <= RECOVERED * base for _t, v in after[i:])), None)
     ended = args.before + args.hold
     print(
@@ -240,6 +262,25 @@ def run(args: argparse.Namespace, base: str) -> None:
     print(
         "gauge past the 120 s alert threshold "
         + (f"{alert_at:.0f} s after the transaction began" if alert_at is not None else "never (hold too short?)")
+    )
+
+
+def compare(hold_file: str, control_file: str) -> None:
+    """Each after-phase window's p99 beside the control's same window."""
+    hold, control = (json.loads(Path(f).read_text()) for f in (hold_file, control_file))
+    ended = hold["args"]["before"] + hold["args"]["hold"]
+    for name, run in (("hold", hold), ("control", control)):
+        base = statistics.median(r[3] for r in run["rows"] if r[0] == "before")
+        alert = f"{run['alert_at']:.0f} s" if run["alert_at"] is not None else "never"
+        print(f"{name}: baseline p99 (median of windows) {base:.1f} ms, alert {alert}")
+    windows = [[r for r in run["rows"] if r[0] == "after"] for run in (hold, control)]
+    pairs = [(h[1], h[3], c[3]) for h, c in zip(*windows, strict=False)]
+    for t, h99, c99 in pairs:
+        print(f"after t={t - ended:5.0f} s  hold p99={h99:7.1f} ms  control p99={c99:7.1f} ms  ratio={h99 / c99:5.2f}")
+    back = next((i for i in range(len(pairs)) if all(h <= RECOVERED * c for _t, h, c in pairs[i:])), None)
+    print(
+        f"hold p99 within {RECOVERED:.2f}x the control's (and staying there) "
+        + (f"in the window ending {pairs[back][0] - ended:.0f} s after the hold" if back is not None else "never")
     )
 
 
