@@ -72,6 +72,15 @@ def test_schedule_commands(tmp_path: Path) -> None:
     assert ok("resume", "beat")["paused"] is False
     human = cli(data, "schedule", "list")
     assert human.returncode == 0 and "beat" in human.stdout
+    # People read times as ISO 8601 (UTC); --json keeps the Unix number.
+    added = cli(data, "schedule", "add", "yearly", "echo", "--cron", "0 0 1 1 *")
+    assert added.returncode == 0, added.stderr
+    next_at = {v["name"]: v["next_at"] for v in ok("list")}["yearly"]
+    iso = datetime.fromtimestamp(next_at, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    assert f"next at {iso}" in added.stdout, added.stdout
+    table = cli(data, "schedule", "list", COLUMNS="200")
+    assert iso in table.stdout and str(next_at) not in table.stdout, table.stdout
+    assert ok("delete", "yearly")["name"] == "yearly"
     for args, mention in (
         (["add", "x", "echo", "--cron", "61 * * * *"], "cron"),
         (["add", "x", "echo", "--cron", "* * * * *", "--tz", "Mars/Base"], "time zone"),

@@ -61,8 +61,10 @@ def _table(items: list[WorkItem], *, tenants: bool = False) -> None:
     Console().print(table)
 
 
-#: View keys holding Unix times: shown as ISO 8601 (UTC) to people.
-_TIMES = frozenset({"created_at", "ready_at", "updated_at", "completed_at", "deadline_unix", "at"})
+#: View keys holding Unix times (of jobs and schedules): shown as ISO 8601 (UTC) to people.
+_TIMES = frozenset(
+    {"created_at", "ready_at", "updated_at", "completed_at", "deadline_unix", "at", "next_at", "last_tick"}
+)
 
 
 def human_value(key: str, value: Any) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from .app import App
-from .jobs import JSON, TENANT, parse_json_option
+from .jobs import JSON, TENANT, human_value, parse_json_option
 
 
 def _emit(data: Any, as_json: bool, human: Any) -> None:
@@ -17,7 +17,7 @@ def _emit(data: Any, as_json: bool, human: Any) -> None:
 
 
 def _line(view: dict[str, Any]) -> None:
-    state = "paused" if view["paused"] else f"next at {view['next_at']}"
+    state = "paused" if view["paused"] else f"next at {human_value('next_at', view['next_at'])}"
     click.echo(f"{view['name']}: {view['cron']} ({view['tz']}) {view['kind']}, {state}")
 
 
@@ -68,8 +68,8 @@ def register(main: click.Group) -> None:
 
             table = Table("name", "cron", "tz", "kind", "paused", "next_at", "last_job_id")
             for v in views:
-                cells = (v["name"], v["cron"], v["tz"], v["kind"], v["paused"], v["next_at"], v["last_job_id"] or "")
-                table.add_row(*map(str, cells))
+                cells = (v["name"], v["cron"], v["tz"], v["kind"], v["paused"], human_value("next_at", v["next_at"]))
+                table.add_row(*map(str, cells), v["last_job_id"] or "")
             Console().print(table)
 
         _emit(views, as_json, human)
