@@ -81,7 +81,7 @@ def register(main: click.Group) -> None:
         services.store.ping()
         services.transport.ping()
         mode = "auth off (loopback)" if no_auth else "bearer auth"
-        click.echo(f"gateway on {services.transport.name}, {mode}: http://{host}:{port}/", err=True)
+        click.echo(f"gateway on {services.transport.name}, {mode}: {url_of(host, port)}", err=True)
         # uvicorn shuts down gracefully on SIGTERM, then raises the signal again
         # under the handler it found: with the default one the process died
         # there (exit 143) before the store and transport were closed.
@@ -158,3 +158,8 @@ def register(main: click.Group) -> None:
             server.run("stdio")
         else:
             server.run("streamable-http", host=host, port=port)
+
+
+def url_of(host: str, port: int) -> str:
+    """The URL a person can paste: an IPv6 address goes in brackets."""
+    return f"http://[{host}]:{port}/" if ":" in host else f"http://{host}:{port}/"
