@@ -18,7 +18,7 @@ from agentdispatch.backends.postgres.store import PostgresStore
 from agentdispatch.backends.sqlite.db import SqliteDb
 from agentdispatch.backends.sqlite.store import SqliteStore
 from agentdispatch.backends.sqlite.transport import SqliteTransport
-from agentdispatch.gateway import Services, create_app
+from agentdispatch.gateway import Services, create_app, ops
 from agentdispatch.gateway.auth import mint
 from backends import Harness, sqlite_harness
 from ports import free_port
@@ -113,9 +113,30 @@ def test_liveness_answers_at_once_while_requests_wait_on_a_database_that_is_down
         with httpx.Client(base_url=url, timeout=60) as c, ThreadPoolExecutor(80) as pool:
             waiting = [pool.submit(c.get, "/v1/jobs/dispatch-x") for _ in range(80)]
             time.sleep(0.5)  # let them take the gateway's worker threads
-            started = time.monotonic()
             assert c.get("/healthz", timeout=30).status_code == 200
-            assert time.monotonic() - started < 2.0
+            # Answered while every request before it still waits for the database.
+            assert not any(f.done() for f in waiting)
             assert {f.result().status_code for f in waiting} == {503}
+    finally:
+        down.close()
+
+
+def test_readiness_answers_in_its_own_time_while_the_database_is_down(
+    served: tuple[Harness, Services, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A PostgreSQL store whose pool would wait 30 s for a connection, twice: a
+    # readiness probe gives up long before, so /readyz says 503 at its own
+    # deadline instead, and a second probe waits on the same ping.
+    _, services, url = served
+    down = PostgresStore(f"postgresql://postgres@127.0.0.1:{free_port()}/test", pool_timeout_s=30.0)
+    services.store = services.dispatcher.store = down
+    monkeypatch.setattr(ops, "READY_TIMEOUT_S", 0.5)
+    try:
+        with httpx.Client(base_url=url, timeout=20) as c:
+            for _ in range(2):
+                r = c.get("/readyz")
+                assert r.status_code == 503 and r.headers["retry-after"]
+                assert r.json()["checks"] == {"store": "unreachable", "transport": "ok"}
+        assert sum(t.name == "readyz-store" for t in threading.enumerate()) == 1
     finally:
         down.close()

@@ -3,7 +3,11 @@ liveness (``/healthz``) and readiness (``/readyz``)."""
 
 # No `from __future__ import annotations`: FastAPI must evaluate the route
 # signatures, which use aliases local to the router factory.
+import asyncio
 import hmac
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -23,6 +27,58 @@ NO_STORE = {"Cache-Control": "no-store"}
 
 #: How many held items are read to find a tenant's active sessions.
 SESSION_SCAN = 1000
+
+#: Seconds ``/readyz`` waits for the store and the transport (together): a
+#: readiness probe gives up long before a pool stops waiting for a server
+#: that is down, and a check that has not answered by then counts as down.
+READY_TIMEOUT_S = 3.0
+
+
+class Readiness:
+    """The store and transport pings of ``/readyz``, each on a thread of its
+    own (not the request threads, which an outage may all hold), run at the
+    same time. A ping still running from an earlier probe is awaited again
+    rather than started twice, so probes during an outage add no threads."""
+
+    def __init__(self, checks: dict[str, Callable[[], Callable[[], None]]]) -> None:
+        self.checks = checks
+        self._running: dict[str, Future[None]] = {}
+        self._lock = threading.Lock()
+
+    def _start(self, name: str) -> "Future[None]":
+        with self._lock:
+            fut = self._running.get(name)
+            if fut is None or fut.done():
+                fut = self._running[name] = Future()
+                ping = self.checks[name]()
+                threading.Thread(target=_settle, args=(fut, ping), name=f"readyz-{name}", daemon=True).start()
+            return fut
+
+    async def states(self) -> dict[str, str]:
+        """Each check's state: ok, or unreachable (failed, or no answer in time)."""
+        futs = {name: asyncio.wrap_future(self._start(name)) for name in self.checks}
+        await asyncio.wait(futs.values(), timeout=READY_TIMEOUT_S)
+        states = {}
+        for name, fut in futs.items():
+            if not fut.done():
+                # Its late answer is read by nobody: mark it read, or asyncio logs it.
+                fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+                states[name] = "unreachable"
+                continue
+            exc = fut.exception()
+            if exc is not None and not (is_outage(exc) or isinstance(exc, AgentDispatchError)):
+                raise exc
+            states[name] = "ok" if exc is None else "unreachable"
+        return states
+
+
+def _settle(fut: "Future[None]", ping: Callable[[], None]) -> None:
+    try:
+        ping()
+    except BaseException as exc:  # the probe decides what it means
+        fut.set_exception(exc)
+    else:
+        fut.set_result(None)
 
 
 def tenant_sessions(services: Services, tenant: str | None) -> set[str] | None:
@@ -117,17 +173,12 @@ def build_router(services: Services, caller_dep: Any) -> APIRouter:
         # that queued behind them would restart a gateway that is fine.
         return JSONResponse({"status": "ok"}, headers=NO_STORE)
 
+    readiness = Readiness({"store": lambda: services.store.ping, "transport": lambda: services.transport.ping})
+
     @router.get("/readyz", tags=["ops"], summary="Readiness: store and transport reachable")
-    def readyz() -> Any:
+    async def readyz() -> Any:
         """200 when the store and the transport answer; 503 otherwise (no details)."""
-        checks = {"store": "ok", "transport": "ok"}
-        for name, ping in (("store", services.store.ping), ("transport", services.transport.ping)):
-            try:
-                ping()
-            except Exception as exc:
-                if not (is_outage(exc) or isinstance(exc, AgentDispatchError)):
-                    raise
-                checks[name] = "unreachable"
+        checks = await readiness.states()
         if any(v != "ok" for v in checks.values()):
             body = error_body("unavailable", "store or transport unreachable")
             body["checks"] = checks
