@@ -22,6 +22,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from .fleet import LIVE_FOR_S
+from .probe import Probe
 from .stores.base import Horizon
 
 if TYPE_CHECKING:
@@ -123,12 +124,20 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+#: Seconds a scrape waits for the transport's depth: a Kafka broker that is
+#: down holds the read for the client's own timeout, past Prometheus' default
+#: 10 s scrape timeout, and the whole scrape would be lost with it.
+DEPTH_TIMEOUT_S = 2.0
+
+
 class FleetCollector:
     """Fleet gauges read from the store and transport at scrape time.
 
     ``tenant`` limits the per-tenant series to one tenant (a tenant's token);
     None shows every tenant (the operator). A store that cannot be read gives
-    ``store_up 0`` and no fleet series instead of a failed scrape."""
+    ``store_up 0`` and no fleet series instead of a failed scrape; a transport
+    that does not tell its depth within :data:`DEPTH_TIMEOUT_S` gives
+    ``transport_up 0`` and no depth, and the store's series stay."""
 
     def __init__(
         self,
@@ -140,12 +149,14 @@ class FleetCollector:
         self.backends = backends
         self.tenant = tenant
         self.clock = clock
+        self._depth: Probe[int] = Probe("depth")
 
     def collect(self) -> Iterator[Metric]:
         """The fleet series (prometheus_client's collector protocol)."""
-        up = GaugeMetricFamily(PREFIX + "store_up", "1 when this scrape could read the store and transport")
+        up = GaugeMetricFamily(PREFIX + "store_up", "1 when this scrape could read the store")
         try:
-            fleet = list(self._fleet())
+            store, transport = self.backends()
+            fleet = list(self._fleet(store))
         except Exception as exc:  # a scrape reports an outage, it does not fail
             log.warning("fleet metrics unavailable: %s", type(exc).__name__)
             up.add_metric([], 0)
@@ -154,13 +165,28 @@ class FleetCollector:
         up.add_metric([], 1)
         yield up
         yield from fleet
+        yield from self._depth_series(transport)
 
-    def _fleet(self) -> Iterator[Metric]:
-        store, transport = self.backends()
+    def _depth_series(self, transport: Transport) -> Iterator[Metric]:
+        up = GaugeMetricFamily(
+            PREFIX + "transport_up", f"1 when this scrape read the transport's depth within {DEPTH_TIMEOUT_S:g} s"
+        )
+        try:
+            n = self._depth.start(transport.depth).result(timeout=DEPTH_TIMEOUT_S)
+        except Exception as exc:  # FutureTimeout too: a broker that does not answer
+            log.warning("queue depth unavailable: %s", type(exc).__name__)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
         depth = GaugeMetricFamily(
             PREFIX + "queue_depth", "Unclaimed envelopes on the transport (every tenant)", labels=["backend"]
         )
-        depth.add_metric([transport.name], transport.depth())
+        depth.add_metric([transport.name], n)
+        yield depth
+
+    def _fleet(self, store: Fleet) -> Iterator[Metric]:
         rows = store.workers(max_age_s=LIVE_FOR_S)
         workers = GaugeMetricFamily(PREFIX + "workers", "Live workers (heartbeat younger than 90 s)")
         workers.add_metric([], len(rows))
@@ -185,7 +211,7 @@ class FleetCollector:
             n_dead, stamp = s.get("dead_letter", (0, now))
             dead.add_metric([tenant], n_dead)
             oldest.add_metric([tenant], max(0.0, now - stamp) if n_dead else 0.0)
-        yield from (depth, workers, capacity, tenant_depth, in_flight, dead, oldest)
+        yield from (workers, capacity, tenant_depth, in_flight, dead, oldest)
         if isinstance(store, Horizon):
             held = store.oldest_snapshot()
             xmin = GaugeMetricFamily(

@@ -106,6 +106,7 @@ FLEET = (
     "agent_utilities_dispatch_turns_in_flight",
     "agent_utilities_dispatch_dead_letter",
     "agent_utilities_dispatch_store_up",
+    "agent_utilities_dispatch_transport_up",
     "agent_utilities_dispatch_queue_depth",
 )
 
@@ -118,6 +119,7 @@ def test_gateway_and_worker_agree_on_the_fleet(fleet: tuple[Gateway, int, subpro
     assert shared == {k: v for k, v in worker.items() if k[0] in FLEET}
     assert gateway[("agent_utilities_dispatch_workers", ())] == 1
     assert gateway[("agent_utilities_dispatch_store_up", ())] == 1
+    assert gateway[("agent_utilities_dispatch_transport_up", ())] == 1
     for tenant in ("acme", "globex"):
         assert gateway[("agent_utilities_dispatch_dead_letter", (("tenant", tenant),))] == 1
         assert gateway[("agent_utilities_dispatch_dead_letter_oldest_age_seconds", (("tenant", tenant),))] >= 0

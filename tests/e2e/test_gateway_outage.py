@@ -137,6 +137,6 @@ def test_readiness_answers_in_its_own_time_while_the_database_is_down(
                 r = c.get("/readyz")
                 assert r.status_code == 503 and r.headers["retry-after"]
                 assert r.json()["checks"] == {"store": "unreachable", "transport": "ok"}
-        assert sum(t.name == "readyz-store" for t in threading.enumerate()) == 1
+        assert sum(t.name == "probe-store" for t in threading.enumerate()) == 1
     finally:
         down.close()

@@ -5,9 +5,7 @@ liveness (``/healthz``) and readiness (``/readyz``)."""
 # signatures, which use aliases local to the router factory.
 import asyncio
 import hmac
-import threading
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -17,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from ..errors import AgentDispatchError
 from ..fleet import topology
 from ..metrics import GATEWAY_SERIES, Exposition, FleetCollector
+from ..probe import Probe
 from ..workitem import HELD, Status
 from .auth import Caller, authenticate
 from .errors import RETRY_AFTER_S, error_body, is_outage
@@ -35,28 +34,17 @@ READY_TIMEOUT_S = 3.0
 
 
 class Readiness:
-    """The store and transport pings of ``/readyz``, each on a thread of its
-    own (not the request threads, which an outage may all hold), run at the
-    same time. A ping still running from an earlier probe is awaited again
-    rather than started twice, so probes during an outage add no threads."""
+    """The store and transport pings of ``/readyz``, run at the same time on
+    threads of their own (not the request threads, which an outage may all
+    hold; see :class:`~agentdispatch.probe.Probe`)."""
 
     def __init__(self, checks: dict[str, Callable[[], Callable[[], None]]]) -> None:
         self.checks = checks
-        self._running: dict[str, Future[None]] = {}
-        self._lock = threading.Lock()
-
-    def _start(self, name: str) -> "Future[None]":
-        with self._lock:
-            fut = self._running.get(name)
-            if fut is None or fut.done():
-                fut = self._running[name] = Future()
-                ping = self.checks[name]()
-                threading.Thread(target=_settle, args=(fut, ping), name=f"readyz-{name}", daemon=True).start()
-            return fut
+        self._probes: dict[str, Probe[None]] = {name: Probe(name) for name in checks}
 
     async def states(self) -> dict[str, str]:
         """Each check's state: ok, or unreachable (failed, or no answer in time)."""
-        futs = {name: asyncio.wrap_future(self._start(name)) for name in self.checks}
+        futs = {name: asyncio.wrap_future(self._probes[name].start(ping())) for name, ping in self.checks.items()}
         await asyncio.wait(futs.values(), timeout=READY_TIMEOUT_S)
         states = {}
         for name, fut in futs.items():
@@ -70,15 +58,6 @@ class Readiness:
                 raise exc
             states[name] = "ok" if exc is None else "unreachable"
         return states
-
-
-def _settle(fut: "Future[None]", ping: Callable[[], None]) -> None:
-    try:
-        ping()
-    except BaseException as exc:  # the probe decides what it means
-        fut.set_exception(exc)
-    else:
-        fut.set_result(None)
 
 
 def tenant_sessions(services: Services, tenant: str | None) -> set[str] | None:
