@@ -44,6 +44,8 @@ tests:
     input_series:
       - series: agent_utilities_dispatch_store_up{{instance="gateway"}}
         values: 1x3 0x20
+      - series: agent_utilities_dispatch_transport_up{{instance="gateway"}}
+        values: 1x3 0x20
       - series: agent_utilities_dispatch_workers{{instance="gateway"}}
         values: 1x3 0x40
       - series: agent_utilities_dispatch_tenant_depth{{instance="gateway", tenant="acme"}}
@@ -61,6 +63,18 @@ tests:
             exp_annotations:
               summary: The agentdispatch store cannot be read
               description: Submissions are refused and no turn is claimed until the database is back.
+      - eval_time: 2m
+        alertname: AgentDispatchTransportDown
+        exp_alerts: []
+      - eval_time: 4m
+        alertname: AgentDispatchTransportDown
+        exp_alerts:
+          - exp_labels: {{severity: critical}}
+            exp_annotations:
+              summary: The agentdispatch transport does not answer
+              description: >-
+                On Kafka the broker is down: submissions are refused and no turn is
+                delivered until it is back; accepted turns stay in the store.
       - eval_time: 4m
         alertname: AgentDispatchDeadLetters
         exp_alerts:
@@ -91,7 +105,7 @@ def test_the_alert_rules_fire_when_they_should(tmp_path: Path) -> None:
 def test_every_alert_is_tested_and_names_documented_series() -> None:
     text = RULES.read_text()
     alerts = set(re.findall(r"alert: (\w+)", text))
-    assert len(alerts) == 4 and alerts == set(re.findall(r"alertname: (\w+)", CASES))
+    assert len(alerts) == 5 and alerts == set(re.findall(r"alertname: (\w+)", CASES))
     documented = (ROOT / "docs" / "metrics.md").read_text()
     for series in set(re.findall(r"agent_utilities_dispatch_[a-z_]+", text)):
         assert f"`{series}`" in documented, series
