@@ -145,11 +145,13 @@ class FleetCollector:
         *,
         tenant: str | None = None,
         clock: Callable[[], float] = time.time,
+        depth: Probe[int] | None = None,
     ) -> None:
         self.backends = backends
         self.tenant = tenant
         self.clock = clock
-        self._depth: Probe[int] = Probe("depth")
+        #: Shared by the scrapes of one transport (a collector per scrape passes it).
+        self._depth: Probe[int] = depth if depth is not None else Probe("depth")
 
     def collect(self) -> Iterator[Metric]:
         """The fleet series (prometheus_client's collector protocol)."""

@@ -5,6 +5,7 @@ liveness (``/healthz``) and readiness (``/readyz``)."""
 # signatures, which use aliases local to the router factory.
 import asyncio
 import hmac
+import weakref
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -83,9 +84,15 @@ def metrics_scope(services: Services, header: str | None) -> str | None:
     return authenticate(services, header).tenant
 
 
+#: The depth read of each transport, shared by the scrapes of this process:
+#: during a broker outage a scrape waits on the read still running.
+_DEPTHS: "weakref.WeakKeyDictionary[Any, Probe[int]]" = weakref.WeakKeyDictionary()
+
+
 def scrape(services: Services, tenant: str | None) -> bytes:
     """The gateway's exposition: fleet gauges read now, plus its own series."""
-    fleet = FleetCollector(lambda: (services.store, services.transport), tenant=tenant)
+    depth = _DEPTHS.setdefault(services.transport, Probe("depth"))
+    fleet = FleetCollector(lambda: (services.store, services.transport), tenant=tenant, depth=depth)
     return Exposition(services.metrics.registry, fleet, only=GATEWAY_SERIES).render()
 
 
