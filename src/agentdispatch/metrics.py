@@ -155,33 +155,26 @@ class FleetCollector:
 
     def collect(self) -> Iterator[Metric]:
         """The fleet series (prometheus_client's collector protocol)."""
-        up = GaugeMetricFamily(PREFIX + "store_up", "1 when this scrape could read the store")
         try:
             store, transport = self.backends()
             fleet = list(self._fleet(store))
         except Exception as exc:  # a scrape reports an outage, it does not fail
             log.warning("fleet metrics unavailable: %s", type(exc).__name__)
-            up.add_metric([], 0)
-            yield up
+            yield _up("store_up", "1 when this scrape could read the store", False)
             return
-        up.add_metric([], 1)
-        yield up
+        yield _up("store_up", "1 when this scrape could read the store", True)
         yield from fleet
         yield from self._depth_series(transport)
 
     def _depth_series(self, transport: Transport) -> Iterator[Metric]:
-        up = GaugeMetricFamily(
-            PREFIX + "transport_up", f"1 when this scrape read the transport's depth within {DEPTH_TIMEOUT_S:g} s"
-        )
+        doc = f"1 when this scrape read the transport's depth within {DEPTH_TIMEOUT_S:g} s"
         try:
             n = self._depth.start(transport.depth).result(timeout=DEPTH_TIMEOUT_S)
         except Exception as exc:  # FutureTimeout too: a broker that does not answer
             log.warning("queue depth unavailable: %s", type(exc).__name__)
-            up.add_metric([], 0)
-            yield up
+            yield _up("transport_up", doc, False)
             return
-        up.add_metric([], 1)
-        yield up
+        yield _up("transport_up", doc, True)
         depth = GaugeMetricFamily(
             PREFIX + "queue_depth", "Unclaimed envelopes on the transport (every tenant)", labels=["backend"]
         )
@@ -222,6 +215,11 @@ class FleetCollector:
             )
             xmin.add_metric([], held.age_s if held is not None else 0.0)
             yield xmin
+
+
+def _up(name: str, doc: str, up: bool) -> GaugeMetricFamily:
+    """A 0/1 gauge saying whether this scrape could read a backend."""
+    return GaugeMetricFamily(PREFIX + name, doc, value=1 if up else 0)
 
 
 def _family(name: str, doc: str) -> GaugeMetricFamily:
