@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from .. import heap
@@ -106,8 +106,17 @@ class AsyncWorker:
         self._arrived: asyncio.Event | None = None
         #: Rows told of since the last claim started (None: an unknown number).
         self._told: int | None = 0
+        #: News not covered by a claim since the last claim started.
+        self._news = 0
         #: Claims that followed a wake's news: counted for tests and metrics.
         self.woken_claims = 0
+        #: While the claimer waits for news: how many turns it could start (None:
+        #: not waiting). News then starts the claim at once from the thread it
+        #: came on (the claim future below), rather than after a hop through
+        #: the loop: at light load that hop is a good share of the latency.
+        self._park_lock = threading.Lock()
+        self._parked: int | None = None
+        self._prefetch: Future[Batch] | None = None
         self._started_at = time.time()
         self._last_beat = float("-inf")
         self._beat_queued = False
@@ -207,16 +216,41 @@ class AsyncWorker:
         for event in (self._claim_wake, self._finish_wake, self._arrived if stop else None):
             if event is not None:
                 event.set()
+        if self._parked is not None:
+            # A turn ended or a stop: what a claim started by news may take now.
+            with self._park_lock:
+                if self._parked is not None:
+                    self._parked = 0 if stop else self._free()
 
     def _on_arrival(self, rows: int | None) -> None:
-        """The transport told of new rows (its thread): wake the claimer on the loop."""
+        """The transport told of new rows (its thread): start the claim if the
+        claimer waits for news, and wake the claimer on the loop."""
         loop = self._loop
         if loop is not None:
+            claiming = self._claim_on_news(rows)
             with contextlib.suppress(RuntimeError):  # the loop already closed
-                loop.call_soon_threadsafe(self._arrival, rows)
+                if claiming:
+                    loop.call_soon_threadsafe(self._kick_arrived)
+                else:
+                    loop.call_soon_threadsafe(self._arrival, rows)
+
+    def _claim_on_news(self, rows: int | None) -> bool:
+        """Start the claim news of ``rows`` turns calls for (any thread), if
+        the claimer is waiting for news; True if this call started it."""
+        with self._park_lock:
+            if not self._parked or self._prefetch is not None or self.stopping:
+                return False
+            n = min(self._parked, self.options.claim_batch if rows is None else max(1, rows) + 1)
+            self._parked = None
+            self._prefetch = self._claims.submit(self._claim, n)
+            return True
 
     def _arrival(self, rows: int | None) -> None:
+        self._news += 1
         self._told = None if rows is None or self._told is None else self._told + rows
+        self._kick_arrived()
+
+    def _kick_arrived(self) -> None:
         assert self._arrived is not None
         self._arrived.set()
 
@@ -237,27 +271,36 @@ class AsyncWorker:
         #: claim that runs dry: the one more tells whether turns came unannounced
         #: meanwhile (then the claimer claims again rather than wait).
         told: int | None = None
-        while not self.stopping:
-            now = self.clock()
-            self.limit.tick(now, len(self.running))
-            self.metrics.concurrency_limit.set(self.limit.limit)
-            delay = self.limit.claim_delay(now)
-            free = self.limit.limit - len(self.running)
-            if delay > 0 or free <= 0:
-                # Full: until a turn ends, or the slow start's next doubling.
-                ramp = self.limit.ramp_in(now)
-                await self._nap(self._claim_wake, delay if delay > 0 else 1.0 if ramp is None else min(1.0, ramp))
-                continue
-            n = min(free, self.options.claim_batch if told is None else max(1, told) + 1)
-            if told is not None:
+        #: A claim news started while the claimer waited (see _claim_on_news):
+        #: taken even at a stop, so that its turns start and get the grace.
+        started: Future[Batch] | None = None
+        while started is not None or not self.stopping:
+            if started is None:
+                now = self.clock()
+                self.limit.tick(now, len(self.running))
+                self.metrics.concurrency_limit.set(self.limit.limit)
+                delay = self.limit.claim_delay(now)
+                free = self.limit.limit - len(self.running)
+                if delay > 0 or free <= 0:
+                    # Full: until a turn ends, or the slow start's next doubling.
+                    ramp = self.limit.ramp_in(now)
+                    await self._nap(self._claim_wake, delay if delay > 0 else 1.0 if ramp is None else min(1.0, ramp))
+                    continue
+                n = min(free, self.options.claim_batch if told is None else max(1, told) + 1)
+            if told is not None or started is not None:
                 self.woken_claims += 1
             told = None
-            if self._arrived is not None:
+            if self._arrived is not None and (started is None or not self._news):
                 # News from here on may be of rows this claim misses: keep it.
                 self._arrived.clear()
                 self._told = 0
+                self._news = 0
             try:
-                batch = await self._off(self._claims, self._claim, n)
+                if started is not None:
+                    claim, started = started, None
+                    batch = await asyncio.wrap_future(claim)
+                else:
+                    batch = await self._off(self._claims, self._claim, n)
             except Exception as exc:
                 if not await self._claim_failed(exc, backoff):
                     return
@@ -273,11 +316,23 @@ class AsyncWorker:
                 await asyncio.sleep(0)
             if batch.dry and not self.stopping:
                 # Not on the traffic thread: finished turns commit meanwhile.
+                with self._park_lock:
+                    self._parked = self._free()
                 try:
                     told = await self._await_work(2 * len(self.running) < self.limit.limit)
                 except Exception as exc:  # the wait reads the store too
                     if not await self._claim_failed(exc, backoff):
                         return
+                finally:
+                    with self._park_lock:
+                        self._parked = None
+                        started, self._prefetch = self._prefetch, None
+
+    def _free(self) -> int:
+        """Turns a claim may start now (on the loop)."""
+        if self.limit.claim_delay(self.clock()) > 0:
+            return 0
+        return self.limit.limit - len(self.running)
 
     async def _await_work(self, idle: bool) -> int | None:
         """Wait until the next claim is worth trying, after one that found the
@@ -317,7 +372,10 @@ class AsyncWorker:
         if idle and waker is not None:
             # At most the transport's own poll: a retry coming due is no new item.
             came = waker(min(wait_s, getattr(self.transport, "poll_s", wait_s)))
-            return came if isinstance(came, int) and came > 0 else None
+            told = came if isinstance(came, int) and came > 0 else None
+            if told is not None:
+                self._claim_on_news(told)
+            return told
         self.transport.wait(wait_s)
         return None
 
