@@ -187,6 +187,36 @@ def test_enqueue_finds_fairness_rows_by_key(h: Harness) -> None:
     assert "Seq Scan on dispatch_fair" not in plan, plan
 
 
+def test_a_submission_does_not_wait_for_an_open_claim_of_its_session(h: Harness) -> None:
+    """An open claim has stamped the tenant and session it served. A new turn
+    of them finds their fairness rows by key: it inserted them again with ON
+    CONFLICT DO NOTHING, which waits at the key for the stamping transaction
+    to end (every submission of a busy tenant queued behind its claims)."""
+    d = h.dispatcher()
+    sessions = [f"{t}{s}" for t in ("a", "b") for s in range(2)]
+    d.submit_many([Submission(kind="echo", tenant=s[0], session_id=s) for s in sessions])
+    sql = queries("agentdispatch.backends.postgres.sql", "transport.sql")["get"]
+    args = {"owner": "x", "vis": 30.0, "n": 1, "read": False, "listener": None, "mark_s": 0.0}
+    with psycopg.connect(h.env["STATE_DB_URI"]) as other:
+        assert len(other.execute(sql, args).fetchall()) == 1  # its transaction stays open
+        stamped = other.execute(
+            "SELECT (SELECT count(*) FROM dispatch_fair_tenants WHERE last_served > 0), "
+            "(SELECT count(*) FROM dispatch_fair_groups WHERE last_served > 0)"
+        ).fetchone()
+        assert stamped == (1, 1)
+        t = threading.Thread(
+            target=lambda: d.submit_many([Submission(kind="echo", tenant=s[0], session_id=s) for s in sessions]),
+            daemon=True,
+        )
+        t.start()
+        t.join(5.0)
+        waited = t.is_alive()
+        other.rollback()
+        t.join(30.0)
+    assert not waited
+    assert h.store.counts(None).get("ready", 0) == 8
+
+
 def test_fairness_small_tenants_are_not_starved(h: Harness) -> None:
     """The claim order, recorded where the worker's threads claim: handler
     starts across four threads reorder freely (one thread may run a batch of
