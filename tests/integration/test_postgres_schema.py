@@ -120,7 +120,13 @@ def test_migrate_produces_the_expected_schema(schema: tuple[str, str]) -> None:
         "queue_removed",
     }
     assert slots == (64,)
-    assert generic == {"dispatch_claim_fair", "dispatch_fair_prune"}
+    assert generic == {
+        "dispatch_claim_fair",
+        "dispatch_fair_prune",
+        "dispatch_items_read",
+        "dispatch_submit_read",
+        "dispatch_submit_new",
+    }
 
 
 def test_work_items_answer_plain_sql(schema: tuple[str, str]) -> None:
