@@ -100,6 +100,22 @@ def test_a_submission_notifies_only_while_a_claimer_waits(h: Harness, channel: C
     assert channel() == [""]
 
 
+def test_a_statement_adding_several_rows_also_says_how_many(h: Harness, channel: Callable[[], list[str]]) -> None:
+    """While a claimer waits, a submission of one turn notifies "" and one of
+    several also notifies their number, after it (as many idle waiters wake)."""
+    transport = h.transport
+    assert isinstance(transport, PostgresTransport)
+    d = h.dispatcher()
+    d.submit_many([Submission(kind="note", tenant="t")] * 3)
+    assert channel() == []
+    _listening(transport)
+    assert len(transport.get_many("w:0", 4, visibility_s=30.0)) == 3  # dry: marked waiting
+    d.submit_many([Submission(kind="note", tenant="t")] * 3)
+    assert channel() == ["", "3"]
+    d.submit(Submission(kind="note", tenant="t"))
+    assert channel() == [""]
+
+
 def test_a_claim_that_finds_fewer_than_asked_marks_its_claimer(h: Harness, channel: Callable[[], list[str]]) -> None:
     transport = h.transport
     assert isinstance(transport, PostgresTransport)

@@ -116,7 +116,6 @@ def test_migrate_produces_the_expected_schema(schema: tuple[str, str]) -> None:
         "work_items_status",
         "work_items_deleted",
         "queue_added",
-        "queue_added_many",
         "queue_removed",
     }
     assert slots == (64,)
