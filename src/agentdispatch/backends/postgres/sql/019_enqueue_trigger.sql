@@ -6,12 +6,20 @@
 -- now skipped by an index probe (a scalar subquery: one probe per key, never
 -- a join that could scan the table); the lock loop below still re-inserts
 -- one a pruner deleted meanwhile (its next statement's snapshot lacks it).
+--
+-- One enqueue trigger instead of two: the notification that says how many
+-- rows a statement added (for several) is sent by dispatch_queue_added,
+-- after the one that says a row came, as the separate queue_added_many
+-- trigger did. That trigger ran for every enqueue (a trigger call, a count
+-- of the added rows and its own check for waiters) to notify only when some
+-- claimer waited and the statement added more than one row.
 CREATE OR REPLACE FUNCTION dispatch_queue_added() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     want bigint;
     got bigint;
     d record;
+    n bigint;
 BEGIN
     want := (SELECT count(*) FROM (SELECT DISTINCT priority, group_ref FROM added) k);
     LOOP
@@ -59,6 +67,15 @@ BEGIN
     END LOOP;
     IF EXISTS (SELECT 1 FROM dispatch_waiting w WHERE w.until > now()) THEN
         PERFORM pg_notify('agent_dispatch_queue', '');
+        -- A statement that adds several rows also says how many, so as many
+        -- idle waiters wake to claim them.
+        n := (SELECT count(*) FROM added);
+        IF n > 1 THEN
+            PERFORM pg_notify('agent_dispatch_queue', n::text);
+        END IF;
     END IF;
     RETURN NULL;
 END $$;
+
+DROP TRIGGER queue_added_many ON agent_dispatch_queue;
+DROP FUNCTION dispatch_queue_added_many();
