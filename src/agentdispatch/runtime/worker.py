@@ -230,7 +230,7 @@ class AsyncWorker:
             claiming = self._claim_on_news(rows)
             with contextlib.suppress(RuntimeError):  # the loop already closed
                 if claiming:
-                    loop.call_soon_threadsafe(self._kick_arrived)
+                    loop.call_soon_threadsafe(self._arrival_claimed, rows)
                 else:
                     loop.call_soon_threadsafe(self._arrival, rows)
 
@@ -248,6 +248,13 @@ class AsyncWorker:
     def _arrival(self, rows: int | None) -> None:
         self._news += 1
         self._told = None if rows is None or self._told is None else self._told + rows
+        self._kick_arrived()
+
+    def _arrival_claimed(self, rows: int | None) -> None:
+        """News a claim already started for: the wait ends with its count,
+        but it is not news the claim may miss."""
+        if not self._news:
+            self._told = rows
         self._kick_arrived()
 
     def _kick_arrived(self) -> None:
