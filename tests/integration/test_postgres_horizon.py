@@ -123,6 +123,19 @@ def _bloat_counters(conn: psycopg.Connection) -> None:
         conn.execute("UPDATE dispatch_depth SET n = n")
 
 
+def _snapshots_before(conn: psycopg.Connection, xid: int) -> int:
+    """Sessions anywhere in the cluster whose transaction or snapshot is older
+    than ``xid``. A snapshot's xmin is the oldest transaction running in any
+    database (another test's migration, say), so each such session can keep
+    a rewrite here from removing versions that ``xid`` made dead."""
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+        " AND (age(backend_xid) > age(%(x)s::text::xid) OR age(backend_xmin) > age(%(x)s::text::xid))",
+        {"x": xid % 2**32},
+    ).fetchone()
+    return 0 if row is None else int(row[0])
+
+
 def test_a_worker_compacts_the_counters_once_the_long_transaction_ended(pg) -> None:
     now = [0.0]
     watch = HorizonWatch(pg.store, alert_s=3600.0, clock=lambda: now[0], quiet_s=0.001)
@@ -138,6 +151,8 @@ def test_a_worker_compacts_the_counters_once_the_long_transaction_ended(pg) -> N
         watch.check()  # not due yet
         assert _file(conn, "dispatch_depth") == bloated
         now[0] += COMPACT_EVERY_S
+        after = int(conn.execute("SELECT txid_current()").fetchone()[0])  # type: ignore[index]
+        wait_until(lambda: _snapshots_before(conn, after) == 0)
         watch.check()
         file, pages = _file(conn, "dispatch_depth")
         assert file != bloated[0] and pages <= max(small[1], 1)
