@@ -44,7 +44,12 @@ def _drain(h: Harness, limit: int = 100_000) -> list[Envelope]:
     return out
 
 
-def test_expired_first_then_priority_then_deadline_then_submission_order(h: Harness) -> None:
+#: The order every claim takes :func:`_submit_mixed`'s turns in.
+MIXED_ORDER = ["expired-low", "high-soon", "high-late", "high-none", "mid", "low", "low-2"]
+
+
+def _submit_mixed(h: Harness) -> None:
+    """One tenant's turns of mixed priorities and deadlines, one expired."""
     d = h.dispatcher()
     now = time.time()
     spec = [
@@ -58,28 +63,19 @@ def test_expired_first_then_priority_then_deadline_then_submission_order(h: Harn
     ]
     for name, prio, deadline in spec:
         d.submit(Submission(kind="echo", job_id=name, tenant="a", priority=prio, deadline_unix=deadline))
-    order = [e.job_id for e in _drain(h)]
-    assert order == ["expired-low", "high-soon", "high-late", "high-none", "mid", "low", "low-2"]
+
+
+def test_expired_first_then_priority_then_deadline_then_submission_order(h: Harness) -> None:
+    _submit_mixed(h)
+    assert [e.job_id for e in _drain(h)] == MIXED_ORDER
 
 
 def test_one_batch_takes_expired_then_priority_order(h: Harness) -> None:
     """One claim of many: its passes take the expired turn, then a round of the
     top priority, then walk the lower ones, in the order single claims take."""
-    d = h.dispatcher()
-    now = time.time()
-    spec = [
-        ("low", 0, None),
-        ("high-late", 10, now + 3000),
-        ("mid", 5, None),
-        ("high-soon", 10, now + 1000),
-        ("expired-low", -5, now - 10),
-        ("high-none", 10, None),
-        ("low-2", 0, None),
-    ]
-    for name, prio, deadline in spec:
-        d.submit(Submission(kind="echo", job_id=name, tenant="a", priority=prio, deadline_unix=deadline))
+    _submit_mixed(h)
     order = [Envelope.from_json(g.raw).job_id for g in h.transport.get_many("t:0", 10, visibility_s=30.0)]
-    assert order == ["expired-low", "high-soon", "high-late", "high-none", "mid", "low", "low-2"]
+    assert order == MIXED_ORDER
 
 
 def test_least_recently_served_tenant_then_session(h: Harness) -> None:
