@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -115,3 +116,24 @@ def analyse(sink: Path, killed_at: dict[int, float]) -> SinkReport:
             if b[2] < a[2]:
                 disorder.append(f"{session}: {a[2]} before {b[2]}")
     return SinkReport(starts, dict(effects), overlaps, disorder, takeovers)
+
+
+def pause_between_writes(p: subprocess.Popen[bytes], sqlite_path: Path | None) -> None:
+    """SIGSTOP ``p``; on SQLite (``sqlite_path``) only at a moment it holds no
+    write lock: a process paused inside a write transaction keeps every other
+    writer out for as long as it stays paused (on PostgreSQL it holds only
+    its own rows, which the server's timeouts end)."""
+    for _ in range(100):
+        p.send_signal(signal.SIGSTOP)
+        if sqlite_path is None:
+            return
+        probe = sqlite3.connect(sqlite_path, timeout=1.0, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            return
+        except sqlite3.OperationalError:  # paused mid-write: let it finish, then again
+            p.send_signal(signal.SIGCONT)
+        finally:
+            probe.close()
+    raise AssertionError("the process never paused between writes")

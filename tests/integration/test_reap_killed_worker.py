@@ -19,6 +19,7 @@ from agentdispatch import Status, Submission
 from agentdispatch.reconciler import reap_dead_workers
 from backends import Harness, postgres_harness, sqlite_harness
 from contract.helpers import wait_until
+from crashkit import pause_between_writes
 from runtimekit import runtime_worker, sink_lines
 
 TTL = {"AGENT_DISPATCH_CLAIM_TTL_S": "280", "AGENT_DISPATCH_RENEW_INTERVAL_S": "5"}
@@ -33,26 +34,6 @@ def _stop(p: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
-
-
-def _pause_between_writes(p: subprocess.Popen[bytes], h: Harness) -> None:
-    """SIGSTOP ``p`` at a moment it holds no SQLite write lock: a process
-    paused inside a write transaction would keep every other writer out for
-    as long as it stays paused (on PostgreSQL it only holds its own rows)."""
-    for _ in range(100):
-        p.send_signal(signal.SIGSTOP)
-        if h.name != "sqlite":
-            return
-        probe = sqlite3.connect(h.settings.sqlite_path, timeout=1.0, isolation_level=None)
-        try:
-            probe.execute("BEGIN IMMEDIATE")
-            probe.execute("ROLLBACK")
-            return
-        except sqlite3.OperationalError:  # paused mid-write: let it finish, then again
-            p.send_signal(signal.SIGCONT)
-        finally:
-            probe.close()
-    raise AssertionError("the worker never paused between writes")
 
 
 def _twenty_running(h: Harness, sink: Path, env: dict[str, str], workers: list[subprocess.Popen[bytes]]) -> list[str]:
@@ -77,7 +58,7 @@ def test_a_killed_workers_turns_run_again_at_once(tmp_path: Path, build: Callabl
         paused = runtime_worker(env)  # a second worker, paused: alive, so its leases stay
         workers.append(paused)
         wait_until(lambda: len(h.store.workers()) == 2, timeout=60)
-        _pause_between_writes(paused, h)
+        pause_between_writes(paused, h.settings.sqlite_path if h.name == "sqlite" else None)
         first.kill()
         first.wait()
 

@@ -11,7 +11,7 @@ import pytest
 
 from agentdispatch import Status, Submission
 from backends import Harness, sqlite_harness
-from crashkit import Fleet, analyse
+from crashkit import Fleet, analyse, pause_between_writes
 
 TTL_ENV = {"AGENT_DISPATCH_CLAIM_TTL_S": "2", "AGENT_DISPATCH_RENEW_INTERVAL_S": "0.5"}
 
@@ -102,7 +102,7 @@ def test_sigstop_zombie_cannot_commit_or_run_a_side_effect(tmp_path: Path) -> No
         while not (sink / f"{zombie.pid}.log").exists():
             assert time.monotonic() < deadline, "the first worker never started the turn"
             time.sleep(0.05)
-        zombie.send_signal(signal.SIGSTOP)
+        pause_between_writes(zombie, h.settings.sqlite_path)
         first_epoch = h.store.get(job.job_id, "t").lease_epoch
         rescuer = fleet.spawn()
         deadline = time.monotonic() + 30
