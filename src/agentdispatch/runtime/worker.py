@@ -220,7 +220,7 @@ class AsyncWorker:
             # A turn ended or a stop: what a claim started by news may take now.
             with self._park_lock:
                 if self._parked is not None:
-                    self._parked = 0 if stop else self._free()
+                    self._parked = self._free()  # at a stop, _claim_on_news refuses anyway
 
     def _on_arrival(self, rows: int | None) -> None:
         """The transport told of new rows (its thread): start the claim if the
@@ -240,7 +240,7 @@ class AsyncWorker:
         with self._park_lock:
             if not self._parked or self._prefetch is not None or self.stopping:
                 return False
-            n = min(self._parked, self.options.claim_batch if rows is None else max(1, rows) + 1)
+            n = self._claim_size(self._parked, rows)
             self._parked = None
             self._prefetch = self._claims.submit(self._claim, n)
             return True
@@ -293,7 +293,7 @@ class AsyncWorker:
                     ramp = self.limit.ramp_in(now)
                     await self._nap(self._claim_wake, delay if delay > 0 else 1.0 if ramp is None else min(1.0, ramp))
                     continue
-                n = min(free, self.options.claim_batch if told is None else max(1, told) + 1)
+                n = self._claim_size(free, told)
             if told is not None or started is not None:
                 self.woken_claims += 1
             told = None
@@ -334,6 +334,11 @@ class AsyncWorker:
                     with self._park_lock:
                         self._parked = None
                         started, self._prefetch = self._prefetch, None
+
+    def _claim_size(self, free: int, told: int | None) -> int:
+        """How many turns to ask for: after news of ``told`` turns, those and
+        one more (see _claimer); without a count, a full batch."""
+        return min(free, self.options.claim_batch if told is None else max(1, told) + 1)
 
     def _free(self) -> int:
         """Turns a claim may start now (on the loop)."""
