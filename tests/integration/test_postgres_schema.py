@@ -42,7 +42,7 @@ EXPECTED: dict[str, list[str]] = {
     ],
     "dispatch_fair_tenants": ["priority", "tenant_ref", "since", "last_served"],
     "dispatch_fair_groups": [
-        "priority", "group_ref", "tenant_ref", "deadline_key", "since", "last_served",
+        "priority", "group_ref", "tenant_ref", "deadline_key", "since", "last_served", "held_until",
     ],
     "dispatch_waiting": ["owner", "listener", "until"],
     "api_tokens": ["token_id", "token_hash", "tenant", "label", "created_at", "revoked_at"],
