@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from agentdispatch.handlers import Registry, Turn
-from agentdispatch.lease import LeaseGuard
+from agentdispatch.lease import Fence, LeaseGuard
 
 registry = Registry()
 
@@ -32,6 +32,25 @@ async def think(turn: Turn, guard: LeaseGuard) -> dict[str, int]:
         return turn.job_id
 
     await guard.side_effect_async(f"send:{turn.job_id}", send)
+    return {"pid": os.getpid()}
+
+
+@registry.register("hold")
+async def hold(turn: Turn, guard: LeaseGuard) -> dict[str, int]:
+    """Await the model for ``hold_s`` seconds, then one effect that logs the
+    fence it ran under; ``end`` is logged however the turn stops."""
+    epoch = guard.fence.epoch
+    _log(f"start {turn.job_id} {epoch}")
+    try:
+        await asyncio.sleep(float(turn.payload.get("hold_s", 0)))
+
+        async def send(fence: Fence) -> int:
+            _log(f"effect {turn.job_id} {fence.epoch}")
+            return fence.epoch
+
+        await guard.side_effect_async(f"send:{turn.job_id}", send)
+    finally:
+        _log(f"end {turn.job_id} {epoch}")
     return {"pid": os.getpid()}
 
 
