@@ -1,6 +1,6 @@
 """An async worker on PostgreSQL paused (SIGSTOP: a frozen VM, a debugger)
 past its lease TTL: a peer runs its turns again, and when it wakes it runs no
-side effect and commits nothing of them, then serves on."""
+side effect and commits nothing of them, says so in its log, and serves on."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def test_a_worker_paused_past_its_ttl_wakes_fenced_and_serves_on(tmp_path: Path)
             d.submit(Submission(kind="hold", tenant="t", session_id=f"s{i}", payload={"hold_s": 3})).job_id
             for i in range(10)
         ]
-        paused = runtime_worker(env)
+        with (tmp_path / "paused.log").open("wb") as err:
+            paused = runtime_worker(env, stderr=err.fileno())
         workers.append(paused)
         paused_log = sink / f"{paused.pid}.log"
         wait_until(lambda: sorted(_lines(paused_log, "start")) == sorted(jobs), timeout=60)
@@ -54,6 +55,8 @@ def test_a_worker_paused_past_its_ttl_wakes_fenced_and_serves_on(tmp_path: Path)
         assert _lines(paused_log, "effect") == []
         assert sorted(_lines(sink / f"{peer.pid}.log", "effect")) == sorted(jobs)  # each effect once
         assert {h.store.get(j, "t").lease_epoch for j in jobs} == {2}
+        # An operator reading its log learns why its turns went.
+        assert "their turns stop and commit nothing" in (tmp_path / "paused.log").read_text()
 
         # It serves on: with its peer stopped, it runs the next turn.
         peer.terminate()

@@ -3,6 +3,7 @@ revokes its guard and tells the runtime (which cancels the turn)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import replace
 
@@ -44,6 +45,42 @@ def test_one_call_renews_every_guard_and_refusals_revoke():
     assert store.calls == [[f"j{i}" for i in range(6)]]
     assert guards[3].lost and told == ["j3 fenced"]
     assert all(g.lease.expires_at == 99.0 for i, g in enumerate(guards) if i != 3)
+
+
+def test_a_round_with_refusals_logs_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    store = _Store(refuse={"j1", "j4"})
+    renewer = BatchRenewer(store)  # type: ignore[arg-type]
+    guards = [_guard(store, f"j{i}") for i in range(6)]
+    for g in guards:
+        renewer.add(g)
+    with caplog.at_level(logging.WARNING, logger="agentdispatch.runtime"):
+        renewer.renew(guards)
+        renewer.renew([guards[0]])
+    [record] = caplog.records
+    assert record.getMessage() == "renewal refused for 2 lease(s), their turns stop and commit nothing: j1 fenced"
+
+
+@pytest.mark.parametrize("meanwhile", ["ended", "stopped by the watchdog"])
+def test_a_refusal_of_a_turn_gone_meanwhile_is_not_logged(meanwhile: str, caplog: pytest.LogCaptureFixture) -> None:
+    # While the renewal was on its way, the turn ended (and its commit made
+    # the renewal fail), or the watchdog stopped it (and logged that).
+    store = _Store(refuse={"j0"})
+    renewer = BatchRenewer(store)  # type: ignore[arg-type]
+    guard = _guard(store, "j0")
+    renewer.add(guard)
+    renew_many = store.renew_many
+
+    def gone_meanwhile(leases: list[Lease], ttl_s: float) -> list[Lease | LeaseLost]:
+        if meanwhile == "ended":
+            renewer.remove(guard)
+        else:
+            guard.revoke("not renewed within 3 s")
+        return renew_many(leases, ttl_s)
+
+    store.renew_many = gone_meanwhile  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="agentdispatch.runtime"):
+        renewer.renew([guard])
+    assert guard.lost and caplog.records == []
 
 
 def test_the_thread_renews_due_guards_together():

@@ -164,13 +164,26 @@ class BatchRenewer:
                         self._due[g] = min(self._due[g], retry_at)
             return
         renewed: list[LeaseGuard] = []
+        refused: list[LeaseLost] = []
         for g, got in zip(live, results, strict=True):
             if isinstance(got, LeaseLost):
+                with self._cv:
+                    # A turn that ended meanwhile (its commit may be why the
+                    # renewal was refused) or that the watchdog stopped (and
+                    # said so) lost nothing worth a line.
+                    if g in self._due and not g.lost:
+                        refused.append(got)
                 self.remove(g)
                 g.revoke(str(got))
             else:
                 g.lease = got
                 renewed.append(g)
+        if refused:
+            # One line a round: a paused process wakes to many refusals at once,
+            # and without it the log would not say why its turns vanished.
+            log.warning(
+                "renewal refused for %d lease(s), their turns stop and commit nothing: %s", len(refused), refused[0]
+            )
         with self._cv:
             for g in renewed:
                 if g in self._confirmed:

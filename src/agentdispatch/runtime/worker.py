@@ -583,8 +583,16 @@ class AsyncWorker:
         It watches the grace period of a stop too."""
         while not self.stopping or self.running:
             await asyncio.sleep(WATCHDOG_S)
-            for g in self.renewer.unconfirmed():
+            stale = self.renewer.unconfirmed()
+            for g in stale:
                 g.revoke(f"job {g.job_id}: lease epoch {g.lease.epoch} not renewed within {g.ttl_s:g} s")
+            if stale:
+                log.warning(
+                    "%d lease(s) not renewed within %g s (the process was paused, or the store is silent), "
+                    "their turns stop and commit nothing",
+                    len(stale),
+                    stale[0].ttl_s,
+                )
 
     # -- heartbeat ----------------------------------------------------------------
     def _beat_soon(self) -> None:
