@@ -38,13 +38,14 @@ REAP_ROWS_S = 1e9
 
 def _reap(store: Reapable, transport: Sender, worker_ids: list[str], why: str) -> SweepReport:
     """End the leases of the workers ``worker_ids`` (see :meth:`Repair.reap`),
-    then publish what went back to ready."""
+    then publish what went back to ready. ``why`` tells the log what became
+    of each worker (``{worker}`` stands for its id)."""
     report = SweepReport()
     for worker_id in worker_ids:
         got = store.reap(worker_id)
         if got.total:
             back, dead = got.reclaimed, got.dead_lettered
-            log.warning("%s %s: %d turn(s) back to ready, %d dead-lettered", why, worker_id, back, dead)
+            log.warning("%s: %d turn(s) back to ready, %d dead-lettered", why.format(worker=worker_id), back, dead)
         report.reclaimed += got.reclaimed
         report.dead_lettered += got.dead_lettered
     if report.total:
@@ -57,7 +58,9 @@ def take_over(store: Reapable, transport: Sender, worker_id: str) -> SweepReport
     incarnations, which its start says are gone (a pod restarted under its
     name, in a new container whose processes no peer can check)."""
     rows = [w.worker_id for w in store.workers(max_age_s=REAP_ROWS_S)]
-    return _reap(store, transport, earlier_incarnations(worker_id, rows), f"worker {worker_id} took over from")
+    return _reap(
+        store, transport, earlier_incarnations(worker_id, rows), f"worker {worker_id} took over from {{worker}}"
+    )
 
 
 def take_over_at_start(store: Reapable, transport: Sender, worker_id: str) -> None:
@@ -80,7 +83,7 @@ def reap_dead_workers(store: Reapable, transport: Sender) -> SweepReport:
     Workers on other hosts, or paused ones, are left to their TTL."""
     rows = store.workers(max_age_s=REAP_ROWS_S)
     gone = [w.worker_id for w in rows if w.process and process_gone(w.process)]
-    return _reap(store, transport, gone, "the process of worker")
+    return _reap(store, transport, gone, "worker {worker} is gone (its process ended)")
 
 
 def reconcile_once(store: Repairable, transport: Sender) -> SweepReport:

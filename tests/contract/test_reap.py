@@ -5,8 +5,11 @@ and row stay."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
+
+import pytest
 
 from agentdispatch import LeaseLost, Status, Submission
 from agentdispatch.fleet import process_label
@@ -28,7 +31,7 @@ def _dead_label() -> str:
     return label
 
 
-def test_a_dead_workers_leases_end_and_a_live_ones_stay(harness):
+def test_a_dead_workers_leases_end_and_a_live_ones_stay(harness, caplog: pytest.LogCaptureFixture):
     d = harness.dispatcher()
     jobs = [d.submit(Submission(kind="echo", tenant="t", session_id=f"s{i}")).job_id for i in range(3)]
     harness.store.heartbeat(_row("w-dead", _dead_label()))
@@ -38,9 +41,13 @@ def test_a_dead_workers_leases_end_and_a_live_ones_stay(harness):
     for job, owner in zip(jobs, owners, strict=True):
         wait_until(lambda j=job, o=owner: harness.store.claim(j, "t", owner=o, ttl_s=300).kind is ClaimKind.CLAIMED)
 
-    report = reap_dead_workers(harness.store, harness.transport)
+    with caplog.at_level(logging.WARNING, logger="agentdispatch.reconciler"):
+        report = reap_dead_workers(harness.store, harness.transport)
 
     assert (report.reclaimed, report.dead_lettered) == (2, 0)
+    assert [r.getMessage() for r in caplog.records if r.name == "agentdispatch.reconciler"] == [
+        "worker w-dead is gone (its process ended): 2 turn(s) back to ready, 0 dead-lettered"
+    ]
     for job in jobs[:2]:
         item = harness.store.get(job, "t")
         assert (item.status, item.reason, item.attempt) == (Status.READY, "lease_expired", 1)
@@ -66,14 +73,18 @@ def test_a_turn_on_its_last_attempt_goes_to_the_dead_letter_queue(make_harness):
     assert (item.status, item.reason) == (Status.DEAD_LETTER, "lease_exhausted")
 
 
-def test_a_worker_starting_under_a_name_takes_over_its_earlier_incarnation(harness):
+def test_a_worker_starting_under_a_name_takes_over_its_earlier_incarnation(harness, caplog: pytest.LogCaptureFixture):
     job = harness.dispatcher().submit(Submission(kind="echo", tenant="t")).job_id
     harness.store.heartbeat(_row("pod-0@old", ""))  # its process cannot be checked from here
     wait_until(lambda: harness.store.claim(job, "t", owner="pod-0@old:0", ttl_s=300).kind is ClaimKind.CLAIMED)
 
     assert reap_dead_workers(harness.store, harness.transport).total == 0
     assert take_over(harness.store, harness.transport, "pod-1@new").total == 0  # another name
-    assert take_over(harness.store, harness.transport, "pod-0@new").reclaimed == 1
+    with caplog.at_level(logging.WARNING, logger="agentdispatch.reconciler"):
+        assert take_over(harness.store, harness.transport, "pod-0@new").reclaimed == 1
+    assert [r.getMessage() for r in caplog.records if r.name == "agentdispatch.reconciler"] == [
+        "worker pod-0@new took over from pod-0@old: 1 turn(s) back to ready, 0 dead-lettered"
+    ]
 
     assert harness.store.get(job, "t").status is Status.READY
     assert "pod-0@old" not in {w.worker_id for w in harness.store.workers()}
