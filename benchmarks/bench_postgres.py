@@ -9,6 +9,9 @@
    turn, time inside each store/transport call.
 3. claim latency: p50/p99 of the fair claim with 1,000 vs ``--big`` queued rows over
    10,000 tenants and 100,000 sessions, with the EXPLAIN plan (ratio of p50s).
+   Then a claim that comes up short (one turn queued, two asked for) with none vs
+   ``--in-flight`` turns claimed and unfinished (ratio of p50s): a worker whose
+   concurrency is above its load claims so at every arrival.
 4. dispatch latency: ``--rate`` turns/s offered to idle workers: submit call -> handler
    start, and submit returned (its commit visible) -> handler start; once with the
    workers in the submitting process, once in a worker process of their own; for the
@@ -400,6 +403,44 @@ def bench_claim_latency(big: int, samples: int, explain: bool = True) -> None:
     print(f"claim p50 ratio {big:,} / 1,000 = {ratio:.2f} (target <= 2)")
 
 
+def short_claims(uri: str, in_flight: int, samples: int) -> list[float]:
+    """Latency of claims that come up short (a claim of 2 with one turn queued)
+    while ``in_flight`` turns are claimed and not finished, as arrivals trickle
+    into a worker whose concurrency is above its load."""
+    store, transport, settings = backends(uri, AGENT_DISPATCH_MAX_DEPTH=10_000_000)
+    d = Dispatcher(store, transport, settings)
+    lat = []
+    try:
+        for i in range(0, in_flight, 1_000):
+            d.submit_many([Submission(kind="note", tenant=f"t{j % 5}") for j in range(min(1_000, in_flight - i))])
+        with psycopg.connect(uri, autocommit=True) as c:
+            while c.execute(GET, {**CLAIM_ARGS, "vis": 3600.0, "n": 500}).fetchall():
+                pass
+            for i in range(samples):
+                d.submit(Submission(kind="note", tenant=f"t{i % 5}"))
+                t0 = time.perf_counter()
+                rows = c.execute(GET, {**CLAIM_ARGS, "vis": 3600.0, "n": 2}).fetchall()
+                lat.append(time.perf_counter() - t0)
+                assert len(rows) == 1
+    finally:
+        transport.close()
+        store.close()
+    return lat
+
+
+def bench_in_flight_claims(in_flight: int, samples: int) -> None:
+    results: dict[int, list[float]] = {}
+    for n in (0, in_flight):
+        with schema() as (_name, uri):
+            results[n] = lat = short_claims(uri, n, samples)
+        print(
+            f"claim that comes up short with {n:>6,} turns in flight: p50 {pct(lat, 50) * 1e3:.3f} ms, "
+            f"p99 {pct(lat, 99) * 1e3:.3f} ms over {samples} claims"
+        )
+    ratio = statistics.median(results[in_flight]) / statistics.median(results[0])
+    print(f"short claim p50 ratio {in_flight:,} in flight / none = {ratio:.2f} (target <= 2)")
+
+
 #: Random (Poisson) arrivals instead of evenly spaced ones (``--poisson``):
 #: bursts, as real traffic has, put submissions close behind each other.
 POISSON = False
@@ -593,6 +634,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--big", type=int, default=1_000_000)
     p.add_argument("--skip-big", action="store_true")
     p.add_argument("--samples", type=int, default=2_000)
+    p.add_argument("--in-flight", type=int, default=5_000, help="turns in flight for the short-claim run")
+    p.add_argument("--skip-in-flight", action="store_true", help="skip the short-claim run")
     p.add_argument("--rate", type=float, default=100.0)
     p.add_argument("--dispatch-count", type=int, default=500)
     p.add_argument("--batch-max", type=int, default=32, help="WorkerOptions.batch_max (1: a commit per turn)")
@@ -612,6 +655,8 @@ def main(argv: list[str] | None = None) -> None:
         bench_submit_and_drain(args.turns, args.batch, args.threads, args.procs, args.batch_max)
     if not args.skip_big:
         bench_claim_latency(args.big, args.samples)
+    if not args.skip_in_flight:
+        bench_in_flight_claims(args.in_flight, min(args.samples, 500))
     if args.skip_dispatch:
         return
     bare = bare_dispatch_latency(args.rate, args.dispatch_count)
