@@ -296,6 +296,10 @@ BEGIN
             CONTINUE;
         END IF;
         EXIT WHEN got >= p_n;  -- the batch is full (a single get ends here)
+        -- Every group is held (this call's among them): no pass could find a
+        -- head. An idle worker's claim after news of one turn asks for two and
+        -- ends here, instead of running both kinds of pass twice more.
+        EXIT WHEN (SELECT 1 FROM dispatch_fair_groups g WHERE g.held_until = 0 LIMIT 1) IS NULL;
         -- A lone tenant's new round that came short took every session head it
         -- could: with no other tenant left (read after the pass: one added
         -- meanwhile gets its pass), another pass would find nothing.
