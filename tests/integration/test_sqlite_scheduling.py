@@ -11,11 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from agentdispatch.backends.sqlite import transport as sqlite_transport
+from agentdispatch.backends.sqlite.store import SqliteStore
+from agentdispatch.backends.sqlite.transport import SqliteTransport, get_on, release_on
 from agentdispatch.dispatch import Submission
 from agentdispatch.envelope import Envelope
 from agentdispatch.handlers import Registry, Turn
 from agentdispatch.lease import LeaseGuard
 from agentdispatch.sqlfiles import queries
+from agentdispatch.stores import schema
 from backends import Harness, sqlite_harness
 from contract.helpers import wait_until
 
@@ -109,6 +113,99 @@ def test_fair_claim_reads_by_index_only(h: Harness) -> None:
     scans = [p for p in plan if p.startswith("SCAN") and not p.startswith("SCAN (subquery")]
     assert scans == ["SCAN t USING COVERING INDEX fair_tenants_order"], plan
     assert any("USING INDEX queue_fair" in p for p in plan), plan
+    # Claimed rows and the rows behind the heads are outside the range searched.
+    assert any("queue_fair (tenant_ref=? AND priority=? AND hidden=? AND group_served<?)" in p for p in plan), plan
+
+
+def _short_claim_steps(h: Harness) -> int:
+    """The virtual machine steps of a claim that finds nothing."""
+    steps = 0
+
+    def tick() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    with h.store.db.tx() as c:
+        c.set_progress_handler(tick, 1)
+        try:
+            assert get_on(c, "t:0", 30.0) is None
+        finally:
+            c.set_progress_handler(None, 1)
+    return steps
+
+
+def test_a_short_claim_reads_neither_claimed_rows_nor_rows_behind_heads(h: Harness) -> None:
+    d = h.dispatcher()
+    steps = []
+    for sessions in (10, 500):
+        # Each session: a head, claimed and held, and three turns behind it.
+        subs = [
+            Submission(kind="echo", tenant=f"t{s % 5}", session_id=f"n{sessions}-s{s}")
+            for _ in range(4)
+            for s in range(sessions)
+        ]
+        d.submit_many(subs)
+        while h.transport.get("t:0", visibility_s=30.0, wait_s=0.0) is not None:
+            pass
+        steps.append(_short_claim_steps(h))
+    # Fifty times the turns in flight and behind them: the same few index seeks.
+    few, many = steps
+    assert many <= few + 10, steps
+
+
+def test_a_claim_whose_visibility_ran_out_is_claimable_at_that_moment(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    d = h.dispatcher()
+    d.submit(Submission(kind="echo", job_id="one", tenant="a"))
+    now = time.time()
+
+    def at(t: float) -> None:
+        monkeypatch.setattr(sqlite_transport, "clock", lambda: t)
+
+    c = h.store.db
+    at(now)
+    with c.tx() as conn:
+        first = get_on(conn, "dead:0", 30.0)
+    assert first is not None and first.deliveries == 1
+    # Its worker died holding it: nobody else gets it while it is invisible...
+    at(now + 29.999)
+    with c.tx() as conn:
+        assert get_on(conn, "t:1", 30.0) is None
+    # ...and the first claim at its visible_at gets it, with no extra delay.
+    at(now + 30.0)
+    with c.tx() as conn:
+        again = get_on(conn, "t:1", 30.0)
+    assert again is not None and Envelope.from_json(again.raw).job_id == "one" and again.deliveries == 2
+    # A release with a delay: hidden until the delay has passed, not after.
+    at(now + 31.0)
+    with c.tx() as conn:
+        release_on(conn, again, 5.0)
+    at(now + 35.999)
+    with c.tx() as conn:
+        assert get_on(conn, "t:1", 30.0) is None
+    at(now + 36.0)
+    with c.tx() as conn:
+        third = get_on(conn, "t:1", 30.0)
+    assert third is not None and third.deliveries == 3
+
+
+def test_a_head_enqueued_in_front_of_its_session_is_claimed(h: Harness) -> None:
+    # A turn whose dependency settled after a later turn of its session was
+    # queued (or one queued again) becomes its session's head from behind.
+    enqueue = queries("agentdispatch.backends.sqlite.sql", "queries.sql")["enqueue"]
+    now = time.time()
+    with h.store.db.tx() as c:
+        for job, seq, session in (("other", 1, "s1"), ("later", 3, "s0"), ("front", 2, "s0")):
+            c.execute(enqueue, (job, seq, session, "tenant", 0, None, job, now, now))
+    got = []
+    while (dl := h.transport.get("t:0", visibility_s=30.0, wait_s=0.0)) is not None:
+        got.append(dl.raw)
+        assert h.transport.ack(dl)
+    # It sorts after the tenant's other heads (as +Inf placed it), then its
+    # session's next turn follows.
+    assert got == ["other", "front", "later"]
 
 
 def test_a_worker_serves_small_tenants_between_a_big_tenants_turns(h: Harness) -> None:
@@ -134,3 +231,56 @@ def test_a_worker_serves_small_tenants_between_a_big_tenants_turns(h: Harness) -
     first = order[:20]
     assert all(first.count(f"small{k}") == 5 for k in range(3)), order[:40]
     assert first[:4].count("big") == 1, order[:40]
+
+
+def test_migration_018_hides_held_rows_and_keeps_heads_enqueued_in_front(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = "agentdispatch.backends.sqlite.sql"
+    path = tmp_path / "old.sqlite"
+    base = schema.steps(package)[:1]
+    monkeypatch.setattr(schema, "steps", lambda _package: base)
+    old = SqliteStore(path)
+    old.migrate()
+    assert old.schema_version() == 17
+    now = time.time()
+    rows = [
+        # (job, seq, session, group_served, visible_at, claimed_by): as the old release wrote them.
+        ("held", 1, "s0", now - 1, now + 30, "dead:0"),
+        ("behind-held", 2, "s0", 9e999, now - 5, None),
+        ("front", 3, "s1", 9e999, now - 5, None),
+        ("displaced", 4, "s1", now - 100, now - 5, None),
+        ("fresh", 5, "s2", 0.0, now - 5, None),
+    ]
+    with old.db.tx() as c:
+        c.executemany(
+            "INSERT INTO agent_dispatch_queue (job_id, item_seq, session_ref, tenant_ref, priority, envelope, "
+            "enqueued_at, visible_at, group_served, claimed_by) VALUES (?, ?, ?, 'tenant', 0, ?, ?, ?, ?, ?)",
+            [(j, seq, ses, j, now - 10, vis, served, who) for j, seq, ses, served, vis, who in rows],
+        )
+    old.close()
+    monkeypatch.undo()
+    store = SqliteStore(path)
+    try:
+        store.migrate()
+        got = {
+            job: (hidden, served)
+            for job, hidden, served in store.db.conn().execute(
+                "SELECT job_id, hidden, group_served FROM agent_dispatch_queue"
+            )
+        }
+        # The held head is hidden; the head in front sorts last, below +Inf.
+        assert got == {
+            "held": (1, now - 1),
+            "behind-held": (0, float("inf")),
+            "front": (0, 1e308),
+            "displaced": (0, now - 100),
+            "fresh": (0, 0.0),
+        }
+        transport = SqliteTransport(store.db)
+        claimed = []
+        while (dl := transport.get("t:0", visibility_s=30.0, wait_s=0.0)) is not None:
+            claimed.append(dl.raw)
+        assert claimed == ["fresh", "front"]
+    finally:
+        store.close()

@@ -95,6 +95,8 @@ class SqliteTransport:
 def get_on(c: sqlite3.Connection, owner: str, visibility_s: float) -> Delivery | None:
     """Deliver the next envelope in claim order to ``owner``."""
     now = clock()
+    # Rows whose visibility ran out by now are searched again (see unhide).
+    c.execute(Q["unhide"], {"now": now})
     row = c.execute(Q["get"], {"owner": owner, "now": now, "vis": visibility_s}).fetchone()
     if row is None:
         return None

@@ -56,15 +56,24 @@ VALUES (?, ?, ?, ?, ?, ?, ?)
 
 -- name: enqueue
 -- A row behind a queued row of its session is not its session's head: its
--- fairness stamp sorts it last (see the fair claims in schema.sql).
+-- fairness stamp (+Inf) sorts it last, out of the claim's search (see the fair
+-- claims in schema.sql). A head enqueued in front of its session's rows gets
+-- 1e308: after every served session, as +Inf placed it (migration 018).
 INSERT INTO agent_dispatch_queue (
     job_id, item_seq, session_ref, tenant_ref, priority, deadline_unix, envelope,
     enqueued_at, visible_at, group_served
 ) VALUES (
     ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9,
-    CASE WHEN EXISTS (
-        SELECT 1 FROM agent_dispatch_queue s INDEXED BY queue_session WHERE s.session_ref = ?3
-    ) THEN 9e999 ELSE 0 END
+    CASE
+        WHEN EXISTS (
+            SELECT 1 FROM agent_dispatch_queue s INDEXED BY queue_session
+            WHERE s.session_ref = ?3 AND s.item_seq <= ?2
+        ) THEN 9e999
+        WHEN EXISTS (
+            SELECT 1 FROM agent_dispatch_queue s INDEXED BY queue_session WHERE s.session_ref = ?3
+        ) THEN 1e308
+        ELSE 0
+    END
 )
 
 -- name: has_envelope
@@ -119,8 +128,8 @@ ORDER BY lease_expires_at LIMIT ?
 
 -- name: unserve
 -- The head row of a turn whose lease expired: its claim's served stamp goes
--- (a row behind its session's head keeps +Inf).
-UPDATE agent_dispatch_queue SET group_served = 0 WHERE job_id = ? AND group_served < 9e999
+-- (a row behind its session's head keeps +Inf, a head enqueued in front its 1e308).
+UPDATE agent_dispatch_queue SET group_served = 0 WHERE job_id = ? AND group_served < 1e308
 
 -- name: held_by
 SELECT * FROM work_items INDEXED BY work_items_held
@@ -128,7 +137,7 @@ WHERE status IN ('leased', 'running') AND substr(lease_owner, 1, length(:prefix)
 LIMIT :limit
 
 -- name: release_claims
-UPDATE agent_dispatch_queue SET visible_at = :now, claimed_by = NULL, claimed_at = NULL
+UPDATE agent_dispatch_queue SET visible_at = :now, claimed_by = NULL, claimed_at = NULL, hidden = 0
 WHERE substr(claimed_by, 1, length(:prefix)) = :prefix
 
 -- name: held_suspects
