@@ -95,8 +95,10 @@ class SqliteTransport:
 def get_on(c: sqlite3.Connection, owner: str, visibility_s: float) -> Delivery | None:
     """Deliver the next envelope in claim order to ``owner``."""
     now = clock()
-    # Rows whose visibility ran out by now are searched again (see unhide).
-    c.execute(Q["unhide"], {"now": now})
+    # Rows whose visibility ran out by now are searched again (see unhide); a
+    # read finds whether any did for less than an update finding none.
+    if c.execute(Q["hidden_due"], (now,)).fetchone() is not None:
+        c.execute(Q["unhide"], (now,))
     row = c.execute(Q["get"], {"owner": owner, "now": now, "vis": visibility_s}).fetchone()
     if row is None:
         return None

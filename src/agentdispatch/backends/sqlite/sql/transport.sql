@@ -1,8 +1,12 @@
+-- name: hidden_due
+SELECT 1 FROM agent_dispatch_queue INDEXED BY queue_hidden WHERE hidden = 1 AND visible_at <= ? LIMIT 1
+
 -- name: unhide
 -- Rows whose visibility ran out (a dead worker's claim, a release's delay, a
--- turn enqueued for later) are searched again: each claim runs this first, at
--- its own time, so the claim sees every row visible by then (migration 018).
-UPDATE agent_dispatch_queue INDEXED BY queue_hidden SET hidden = 0 WHERE hidden = 1 AND visible_at <= :now
+-- turn enqueued for later) are searched again: each claim runs this first
+-- (when hidden_due finds such a row), at its own time, so the claim sees
+-- every row visible by then (migration 018).
+UPDATE agent_dispatch_queue INDEXED BY queue_hidden SET hidden = 0 WHERE hidden = 1 AND visible_at <= ?
 
 -- name: get
 -- The claim order of PostgreSQL's fair claim: expired deadlines first, so the
