@@ -17,9 +17,7 @@ from pathlib import Path
 
 @contextmanager
 def small_disk(path: Path, size: str = "64m", mode: str = "0700") -> Iterator[Path]:
-    """A tmpfs of ``size`` mounted at ``path`` (unmounted at exit). Once the
-    filler is gone it must hold the WAL at its checkpoint size (SQLite: 10,000
-    pages, 40 MB): with less, the turns' own commits fill the disk again."""
+    """A tmpfs of ``size`` mounted at ``path`` (unmounted at exit)."""
     path.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode={mode}", "tmpfs", str(path)], check=True)
     try:

@@ -18,6 +18,18 @@ from ...errors import TaskQueueUnavailable
 BUSY_TIMEOUT_MS = 30_000
 #: Free bytes under which an error opening or writing the file is read as a full disk.
 FULL_DISK_BYTES = 1 << 20
+#: WAL pages between automatic checkpoints. Hot pages (queue head, index
+#: leaves) are rewritten by every turn: checkpointing less often writes each
+#: of them to the file once.
+WAL_CHECKPOINT_PAGES = 10_000
+#: WAL pages between checkpoints while the disk has less free room than
+#: :data:`LOW_ROOM_BYTES`: a checkpoint lets the WAL start over in the room it
+#: already holds, so the turns' own commits cannot fill a small disk for good.
+LOW_ROOM_CHECKPOINT_PAGES = 100
+#: Twice the WAL's size at a usual checkpoint (4 KiB pages).
+LOW_ROOM_BYTES = 2 * WAL_CHECKPOINT_PAGES * 4096
+#: Seconds between two looks at the free room of the data dir.
+ROOM_CHECK_S = 1.0
 
 
 def clock() -> float:
@@ -47,6 +59,11 @@ class SqliteDb:
         # its page cache stays valid from batch to batch (a connection that
         # finds the file changed by another one starts with an empty cache).
         self._batch_conn: sqlite3.Connection | None = None
+        # The checkpoint interval the free room asks for, and the one each
+        # connection (by id) was last given.
+        self._checkpoint_pages = WAL_CHECKPOINT_PAGES
+        self._room_checked = -ROOM_CHECK_S
+        self._conn_pages: dict[int, int] = {}
 
     def _open(self, durable: bool, owner: threading.Thread | None) -> sqlite3.Connection:
         try:
@@ -62,9 +79,8 @@ class SqliteDb:
                     "the SQLite file system does not support WAL; set AGENT_DISPATCH_DATA_DIR to a local disk"
                 )
             conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
-            # Hot pages (queue head, index leaves) are rewritten by every turn:
-            # checkpointing less often writes each of them to the file once.
-            conn.execute("PRAGMA wal_autocheckpoint = 10000")
+            self._conn_pages.pop(id(conn), None)  # an id a closed connection had
+            self._fit_checkpoints(conn)
             conn.execute("PRAGMA foreign_keys = OFF")
             # Statement journals in memory: inside a group commit's savepoint a
             # statement's journal is not truncated at its end but grows with
@@ -80,6 +96,25 @@ class SqliteDb:
             self._all.append((owner, conn))
         return conn
 
+    def _fit_checkpoints(self, conn: sqlite3.Connection) -> None:
+        """Give ``conn`` the checkpoint interval the disk's free room allows
+        (checked at most once per :data:`ROOM_CHECK_S`). Without it a disk
+        with less room than the WAL grows to between checkpoints filled up
+        with WAL frames, and every later write failed even after space was
+        freed: no checkpoint ever came to let the WAL start over."""
+        now = time.monotonic()
+        if now - self._room_checked >= ROOM_CHECK_S:
+            self._room_checked = now
+            try:
+                free = shutil.disk_usage(self.path.parent).free
+            except OSError:
+                free = 0
+            self._checkpoint_pages = WAL_CHECKPOINT_PAGES if free >= LOW_ROOM_BYTES else LOW_ROOM_CHECKPOINT_PAGES
+        pages = self._checkpoint_pages
+        if self._conn_pages.get(id(conn)) != pages:
+            conn.execute(f"PRAGMA wal_autocheckpoint = {pages}")
+            self._conn_pages[id(conn)] = pages
+
     def _close_orphans(self) -> None:
         """Close the connections of threads that have ended. A server's thread
         pool retires idle threads and starts new ones, each opening its own
@@ -90,6 +125,7 @@ class SqliteDb:
             if owner is None or owner.is_alive():
                 kept.append((owner, conn))
             else:
+                self._conn_pages.pop(id(conn), None)
                 with suppress(sqlite3.Error):
                     conn.close()
         self._all = kept
@@ -130,6 +166,7 @@ class SqliteDb:
         conn = self.conn(durable=False)
         with self._writer:
             try:
+                self._fit_checkpoints(conn)
                 conn.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as exc:
                 if _corrupt(exc):
@@ -206,6 +243,7 @@ class SqliteDb:
                 conn = self._batch_conn
                 if conn is None:
                     conn = self._batch_conn = self._open(durable=True, owner=None)
+                self._fit_checkpoints(conn)
                 conn.execute("BEGIN IMMEDIATE")
             except BaseException:
                 self._writer.release()
@@ -244,6 +282,7 @@ class SqliteDb:
                 with suppress(sqlite3.Error):
                     conn.close()
             self._all.clear()
+            self._conn_pages.clear()
             self._batch_conn = None
         self._local = threading.local()
 
