@@ -4,7 +4,9 @@ file that is no longer one) ends the process non-zero for its supervisor."""
 
 from __future__ import annotations
 
+import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from agentdispatch import Status, Submission
+from agentdispatch.settings import SQLITE_FILE
 from backends import sqlite_harness
 from diskkit import fill, metric, small_disk, spawn_worker, stopped_cleanly, until
 from ports import free_port
@@ -128,4 +131,35 @@ def test_a_disk_with_less_room_than_a_full_wal_runs_every_accepted_turn(tmp_path
                 )
                 assert worker.poll() is None
         finally:
+            h.close()
+
+
+def test_cli_whose_commit_meets_a_full_disk_says_so_in_one_line(tmp_path: Path) -> None:
+    # The file opens (another process keeps its WAL), the write starts, and
+    # the commit is what runs out of space: the same plain answer as at open.
+    with small_disk(tmp_path / "disk", size="8m") as disk:
+        h = sqlite_harness(disk)
+        reader = sqlite3.connect(Path(h.env["AGENT_DISPATCH_DATA_DIR"]) / SQLITE_FILE, isolation_level=None)
+        try:
+            h.dispatcher().submit(Submission(kind="echo"))
+            # A read snapshot held open keeps the WAL from starting over: the
+            # next commit must grow it.
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM work_items").fetchone()
+            filler = fill(disk)
+            env = {**os.environ, **h.env}
+            proc = subprocess.run(
+                [sys.executable, "-m", "agentdispatch", "submit", "echo", "--payload", json.dumps({"pad": "x" * 9000})],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            out = (proc.stdout + proc.stderr).strip()
+            assert proc.returncode == 69, out
+            assert out.splitlines() == [out] and "the disk is full" in out, out
+            assert out.count("AGENT_DISPATCH_DATA_DIR") == 1, out
+            filler.unlink()
+        finally:
+            reader.close()
             h.close()

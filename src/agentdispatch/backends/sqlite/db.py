@@ -186,7 +186,7 @@ class SqliteDb:
                 with suppress(sqlite3.Error):
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
-                raise TaskQueueUnavailable(f"SQLite commit failed ({exc})") from None
+                raise self._unavailable("SQLite commit failed", exc) from None
 
     @contextmanager
     def _durable(self) -> Iterator[sqlite3.Connection]:
@@ -234,7 +234,7 @@ class SqliteDb:
         if ok:
             batch.committed.wait()
             if batch.error is not None:
-                raise TaskQueueUnavailable(f"SQLite commit failed ({batch.error})")
+                raise self._unavailable("SQLite commit failed", batch.error)
 
     def _open_batch(self, batch: _Batch) -> None:
         try:
