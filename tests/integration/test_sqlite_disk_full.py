@@ -11,12 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from agentdispatch import Status, Submission
 from agentdispatch.settings import SQLITE_FILE
 from backends import sqlite_harness
 from diskkit import fill, metric, small_disk, spawn_worker, stopped_cleanly, until
+from e2e.gatewayproc import start_gateway
 from ports import free_port
 
 pytestmark = pytest.mark.skipif(
@@ -163,3 +165,28 @@ def test_cli_whose_commit_meets_a_full_disk_says_so_in_one_line(tmp_path: Path) 
         finally:
             reader.close()
             h.close()
+
+
+def test_gateway_on_a_full_disk_answers_503_and_logs_why(tmp_path: Path) -> None:
+    with small_disk(tmp_path / "disk", size="8m") as disk:
+        data = disk / "data"
+        gw = start_gateway(data, "--no-auth")
+        try:
+            with httpx.Client(base_url=gw.url, timeout=30) as c:
+                assert c.post("/v1/jobs", json={"kind": "echo"}).status_code == 202
+                filler = fill(disk)
+                pad = "x" * 20_000
+                answers = [c.post("/v1/jobs", json={"kind": "echo", "payload": {"pad": pad}}) for _ in range(5)]
+                refused = [r for r in answers if r.status_code != 202]
+                assert refused, "every submission was answered 202 on a full disk"
+                for r in refused:
+                    assert r.status_code == 503 and r.json()["error"] == "unavailable", r.text
+                    assert r.headers["retry-after"]
+                # The operator reads why in the gateway's log (one line per burst).
+                until(lambda: "the disk is full" in gw.log(), "the gateway's log never said why it answered 503", 10)
+                assert gw.log().count("answered 503") == 1, gw.log()
+                assert str(disk) not in gw.log()
+                filler.unlink()
+                assert c.post("/v1/jobs", json={"kind": "echo"}).status_code == 202
+        finally:
+            gw.stop()

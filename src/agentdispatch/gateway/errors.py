@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import sqlite3
 import sys
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -30,6 +32,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds a client should wait before retrying after a 429/503.
 RETRY_AFTER_S = 2
+#: Seconds between two log lines about 503s answered for a store outage.
+OUTAGE_LOG_EVERY_S = 10.0
 
 
 class ApiError(Exception):
@@ -58,6 +62,36 @@ def is_outage(exc: BaseException) -> bool:
     return mod.startswith("psycopg") and type(exc).__name__ in {"OperationalError", "InterfaceError", "PoolTimeout"}
 
 
+class _OutageLog:
+    """One warning per burst of outage answers, with the cause: the caller is
+    told only "unavailable", so without it an operator saw 503s in clients
+    and nothing in the gateway's log (a full disk, a database gone)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.last = -OUTAGE_LOG_EVERY_S
+        self.unreported = 0
+
+    def note(self, exc: BaseException) -> None:
+        with self.lock:
+            self.unreported += 1
+            now = time.monotonic()
+            if now - self.last < OUTAGE_LOG_EVERY_S:
+                return
+            count, self.unreported, self.last = self.unreported, 0, now
+        # Our own and SQLite's messages name no path; an OSError's or a
+        # driver's might (hosts, credentials): their type only.
+        ours = isinstance(exc, (TaskQueueUnavailable, sqlite3.Error))
+        log.warning(
+            "the queue store is unavailable: answered 503 (%d time(s) since the last report): %s",
+            count,
+            str(exc) if ours else type(exc).__name__,
+        )
+
+
+_outages = _OutageLog()
+
+
 def error_payload(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, str]]:
     """``(http_status, body, headers)`` for a library exception (HTTP and MCP share it)."""
     if isinstance(exc, ApiError):
@@ -77,6 +111,7 @@ def error_payload(exc: BaseException) -> tuple[int, dict[str, Any], dict[str, st
     if isinstance(exc, InvalidTransition):
         return 409, error_body("invalid_transition", str(exc)), {}
     if is_outage(exc):
+        _outages.note(exc)
         # Never echo driver messages: they may carry paths or credentials.
         body = error_body("unavailable", "the queue store is unavailable; retry later")
         return 503, body, {"Retry-After": str(RETRY_AFTER_S)}
