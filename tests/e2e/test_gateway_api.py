@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -307,3 +308,27 @@ def test_sigterm_stops_the_gateway_cleanly_with_exit_0(tmp_path: Path) -> None:
     # A supervisor reads anything but 0 after its own SIGTERM as a crash.
     assert g.proc.returncode == 0, g.log()
     assert "Traceback" not in g.log()
+
+
+def test_a_body_trickled_without_a_token_is_cut_at_the_deadline(tmp_path: Path) -> None:
+    # The request head has a deadline, and a webhook body too; an API body had
+    # none: a caller without a token that sent a head and then one byte held
+    # its connection (a file descriptor) for as long as it liked.
+    g = start_gateway(tmp_path / "data", AGENT_DISPATCH_INTAKE_BODY_TIMEOUT_S="1")
+    try:
+        for path in ("/v1/jobs", "/api/graph/jobs"):
+            with socket.create_connection(("127.0.0.1", g.port), timeout=15) as s:
+                head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                s.sendall(head.encode() + b"Content-Length: 100\r\n\r\n{")
+                got = b""
+                while chunk := s.recv(65536):  # b"" once the gateway closes; a timeout if it never does
+                    got += chunk
+                assert got.startswith(b"HTTP/1.1 408"), got
+                assert b'"error":"body_timeout"' in got, got
+        # A long-poll reads no body past its end: the deadline never cuts it.
+        with g.client("acme") as c:
+            job = c.post("/v1/jobs", json={"kind": "echo"}).json()["job_id"]
+            r = c.get(f"/v1/jobs/{job}", params={"wait": 2}, timeout=10)
+            assert r.status_code == 200 and r.json()["status"] == "ready"
+    finally:
+        g.stop()

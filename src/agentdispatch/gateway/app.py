@@ -2,6 +2,7 @@
 
 # No `from __future__ import annotations`: FastAPI must evaluate the route
 # signatures, which use aliases local to the router factory.
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -29,11 +30,17 @@ MAX_BODY_BYTES = 2 * 1024 * 1024
 
 
 class BodyLimit:
-    """413 for request bodies over :data:`MAX_BODY_BYTES`, before buffering them."""
+    """413 for request bodies over :data:`MAX_BODY_BYTES`, before buffering
+    them; 408 for a body not complete within ``timeout_s`` of its request
+    (the head has its own deadline, :mod:`.protocol`). Without it a caller,
+    with or without a token, that sent a head and then trickled its body held
+    a connection for as long as it liked. Webhooks read theirs under the same
+    deadline themselves, answering each provider its own way."""
 
-    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES, timeout_s: float | None = None) -> None:
         self.app = app
         self.limit = limit
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -43,23 +50,35 @@ class BodyLimit:
         if declared.isdigit() and int(declared) > self.limit:
             await errors.map_exception(_too_large(self.limit))(scope, receive, send)
             return
-        seen, exceeded = 0, False
+        timed = self.timeout_s is not None and not scope["path"].startswith(intake.PREFIX)
+        deadline = asyncio.get_running_loop().time() + (self.timeout_s or 0.0)
+        seen, complete = 0, False
+        refusal: errors.ApiError | None = None
 
         async def counted() -> Message:
-            nonlocal seen, exceeded
-            message = await receive()
+            nonlocal seen, complete, refusal
+            if timed and not complete:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        message = await receive()
+                except TimeoutError:
+                    refusal = _too_slow()
+                    raise refusal from None
+            else:  # a read past the body's end (waiting for a disconnect) has no deadline
+                message = await receive()
+            complete = complete or message["type"] != "http.request" or not message.get("more_body", False)
             seen += len(message.get("body", b""))
             if seen > self.limit:  # chunked bodies have no Content-Length to check up front
-                exceeded = True
-                raise _too_large(self.limit)
+                refusal = _too_large(self.limit)
+                raise refusal
             return message
 
         async def guarded(message: Message) -> None:
-            # FastAPI turns a failed body read into its own 400; answer 413 instead.
-            if not exceeded:
+            # FastAPI turns a failed body read into its own 400; answer 413/408 instead.
+            if refusal is None:
                 await send(message)
             elif message["type"] == "http.response.start":
-                await errors.map_exception(_too_large(self.limit))(scope, receive, send)
+                await errors.map_exception(refusal)(scope, receive, send)
 
         await self.app(scope, counted, guarded)
 
@@ -68,6 +87,10 @@ def _too_large(limit: int) -> errors.ApiError:
     # The rest of the body is never read: close rather than wait for it.
     message = f"request bodies are limited to {limit} bytes"
     return errors.ApiError(413, "body_too_large", message, headers={"Connection": "close"})
+
+
+def _too_slow() -> errors.ApiError:
+    return errors.ApiError(408, "body_timeout", "request body not received in time", headers={"Connection": "close"})
 
 
 def _asset(name: str) -> bytes:
@@ -109,7 +132,7 @@ def create_app(services: Services) -> FastAPI:
         "Every data route needs `Authorization: Bearer <token>` (a token is bound to one tenant).",
     )
     app.state.services = services
-    app.add_middleware(BodyLimit)
+    app.add_middleware(BodyLimit, timeout_s=services.settings.intake_body_timeout_s)
     bearer = HTTPBearer(auto_error=False, description="A token from `agentdispatch token create --tenant T`.")
 
     async def caller(

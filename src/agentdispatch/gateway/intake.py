@@ -45,6 +45,8 @@ CACHE_S = 2.0
 #: its group's commit holds no CPU, and a group holds no more deliveries than
 #: there are threads.
 STORE_THREADS = 8
+#: Where the webhooks live (they read their bodies under their own deadline).
+PREFIX = "/intake/"
 
 
 class Unavailable(Exception):
@@ -180,7 +182,7 @@ def _digest_source(prefix: str, body: bytes) -> str:
 
 def build_router(services: Services) -> APIRouter:
     """The intake webhooks (provider-authenticated; no bearer tokens)."""
-    router = APIRouter(prefix="/intake", tags=["intake"])
+    router = APIRouter(prefix=PREFIX.rstrip("/"), tags=["intake"])
     intake = Intake(services)
 
     @router.post("/slack/{app_id}", include_in_schema=False)
