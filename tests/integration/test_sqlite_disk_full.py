@@ -109,33 +109,6 @@ def test_cli_on_a_full_disk_says_so_in_one_line(tmp_path: Path) -> None:
         assert proc.returncode == 0, proc.stderr
 
 
-def test_a_disk_with_less_room_than_a_full_wal_runs_every_accepted_turn(tmp_path: Path) -> None:
-    # A volume with less free room than the WAL grows to between checkpoints:
-    # after the disk was full and a little space came back, the turns' own
-    # commits must not fill it again for good.
-    with small_disk(tmp_path / "disk", size="6m") as disk:
-        h = sqlite_harness(disk)
-        try:
-            pad = "x" * 2000
-            handles = h.dispatcher().submit_many(
-                [Submission(kind="echo", tenant="t", session_id=f"s{i % 50}", payload={"pad": pad}) for i in range(400)]
-            )
-            filler = fill(disk)
-            log, port = tmp_path / "worker.log", free_port()
-            with stopped_cleanly(spawn_worker(h.env, log, port, ("--concurrency", "16")), log) as worker:
-                until(lambda: "disk is full" in log.read_text(), "the worker never met the full disk", 30)
-                filler.unlink()
-                until(
-                    lambda: all(h.store.get(x.job_id, "t").status is Status.SUCCEEDED for x in handles),
-                    "accepted turns stayed queued after space came back",
-                    90,
-                    log,
-                )
-                assert worker.poll() is None
-        finally:
-            h.close()
-
-
 def test_cli_whose_commit_meets_a_full_disk_says_so_in_one_line(tmp_path: Path) -> None:
     # The file opens (another process keeps its WAL), the write starts, and
     # the commit is what runs out of space: the same plain answer as at open.
@@ -190,3 +163,42 @@ def test_gateway_on_a_full_disk_answers_503_and_logs_why(tmp_path: Path) -> None
                 assert c.post("/v1/jobs", json={"kind": "echo"}).status_code == 202
         finally:
             gw.stop()
+
+
+def test_a_wal_that_filled_the_disk_gives_its_room_back(tmp_path: Path) -> None:
+    # A WAL grown while checkpoints were rare (plenty of room then, or an
+    # older version) fills the disk. Once a little space is back, the room its
+    # dead frames hold must go back to the database file, or the turns' own
+    # rows never fit.
+    with small_disk(tmp_path / "disk", size="4m") as disk:
+        h = sqlite_harness(disk)
+        try:
+            pad = "x" * 2000
+            handles = h.dispatcher().submit_many(
+                [Submission(kind="echo", tenant="t", payload={"pad": pad}) for _ in range(250)]
+            )
+            filler = disk / "filler"  # less room than the turns' rows need
+            filler.write_bytes(b"\xff" * (256 << 10))
+            grow = sqlite3.connect(Path(h.env["AGENT_DISPATCH_DATA_DIR"]) / SQLITE_FILE, isolation_level=None)
+            try:
+                grow.execute("PRAGMA wal_autocheckpoint = 0")
+                grow.execute("CREATE TABLE ballast (b BLOB)")
+                grow.execute("INSERT INTO ballast VALUES (zeroblob(65536))")
+                with pytest.raises(sqlite3.OperationalError, match="full"):
+                    while True:  # each commit appends its pages to the WAL
+                        grow.execute("UPDATE ballast SET b = randomblob(65536)")
+            finally:
+                grow.close()
+            log, port = tmp_path / "worker.log", free_port()
+            with stopped_cleanly(spawn_worker(h.env, log, port, ("--concurrency", "16")), log) as worker:
+                until(lambda: "disk is full" in log.read_text(), "the worker never met the full disk", 30)
+                filler.unlink()
+                until(
+                    lambda: all(h.store.get(x.job_id, "t").status is Status.SUCCEEDED for x in handles),
+                    "accepted turns stayed queued after space came back",
+                    60,
+                    log,
+                )
+                assert worker.poll() is None
+        finally:
+            h.close()

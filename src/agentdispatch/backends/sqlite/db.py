@@ -28,6 +28,9 @@ WAL_CHECKPOINT_PAGES = 10_000
 LOW_ROOM_CHECKPOINT_PAGES = 100
 #: Twice the WAL's size at a usual checkpoint (4 KiB pages).
 LOW_ROOM_BYTES = 2 * WAL_CHECKPOINT_PAGES * 4096
+#: Bytes a WAL that starts over is cut back to while the room is low: the
+#: room it took while the disk filled goes back to the database file.
+LOW_ROOM_WAL_BYTES = 2 * LOW_ROOM_CHECKPOINT_PAGES * 4096
 #: Seconds between two looks at the free room of the data dir.
 ROOM_CHECK_S = 1.0
 
@@ -113,6 +116,8 @@ class SqliteDb:
         pages = self._checkpoint_pages
         if self._conn_pages.get(id(conn)) != pages:
             conn.execute(f"PRAGMA wal_autocheckpoint = {pages}")
+            limit = LOW_ROOM_WAL_BYTES if pages == LOW_ROOM_CHECKPOINT_PAGES else -1
+            conn.execute(f"PRAGMA journal_size_limit = {limit}")
             self._conn_pages[id(conn)] = pages
 
     def _close_orphans(self) -> None:
