@@ -154,10 +154,6 @@ BEGIN
              ) h
              WHERE NOT EXISTS (SELECT 1 FROM expired)
                AND t.priority = (SELECT m.priority FROM dispatch_fair_tenants m ORDER BY m.priority DESC LIMIT 1)
-               -- A tenant whose every session is in flight is passed over before
-               -- its row is locked (an index probe of the groups not held).
-               AND EXISTS (SELECT 1 FROM dispatch_fair_groups fg
-                           WHERE fg.tenant_ref = t.tenant_ref AND fg.priority = t.priority AND fg.held_until = 0)
                AND (t.priority IS DISTINCT FROM v_prio OR NOT (t.tenant_ref = ANY(v_served)))
              ORDER BY t.priority DESC, t.last_served, t.since
              LIMIT v_k
