@@ -287,6 +287,23 @@ def test_50mb_body_and_slow_sender_are_cut_off(live: Live) -> None:
     assert count(live.data, "SELECT count(*) FROM intake_receipts") == before
 
 
+def test_a_webhook_declared_past_the_gateways_limit_gets_its_own_refusal(live: Live) -> None:
+    # Past 2 MiB the gateway refuses before the route reads anything: still
+    # intake's answer, and Slack is told not to retry a body it will resend.
+    head = f"POST /intake/slack/{APP} HTTP/1.1\r\nHost: x\r\nContent-Length: 52428800\r\n\r\n".encode()
+    out = _raw(live, head, [])
+    assert out.startswith(b"HTTP/1.1 413"), out
+    assert b"x-slack-no-retry: 1" in out.lower()
+    with socket.create_connection(("127.0.0.1", live.gw.port), timeout=15) as s:
+        path = f"/intake/telegram/{TG_BOT}"
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 52428800\r\n\r\n".encode())
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 413") and b"x-slack-no-retry" not in answer.lower()
+    assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"] == "too_large"
+
+
 def test_a_refused_body_closes_the_connection(live: Live) -> None:
     # The rest of a refused body is never read: one more byte of it after the
     # answer (which cancels the keep-alive timer) used to hold the connection.

@@ -48,7 +48,12 @@ class BodyLimit:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length", b"0")
         if declared.isdigit() and int(declared) > self.limit:
-            await errors.map_exception(_too_large(self.limit))(scope, receive, send)
+            path = scope["path"]
+            if path.startswith(intake.PREFIX):
+                # Answered as the webhook answers its own refusals (Slack is told not to retry).
+                await intake.declared_too_large(path)(scope, receive, send)
+            else:
+                await errors.map_exception(_too_large(self.limit))(scope, receive, send)
             return
         timed = self.timeout_s is not None and not scope["path"].startswith(intake.PREFIX)
         deadline = asyncio.get_running_loop().time() + (self.timeout_s or 0.0)

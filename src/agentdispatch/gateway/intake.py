@@ -168,6 +168,13 @@ def _body_refused(exc: BodyRejected, headers: dict[str, str] | None = None) -> R
     return _error(exc.status, str(exc), {**(headers or {}), "Connection": "close"})
 
 
+def declared_too_large(path: str) -> Response:
+    """The answer to a webhook whose declared body is past even the gateway's
+    limit (refused before its route reads it): its provider's own refusal."""
+    no_retry = {"X-Slack-No-Retry": "1"} if path.startswith(f"{PREFIX}slack/") else None
+    return _body_refused(BodyRejected(413, "body larger than 1 MiB"), no_retry)
+
+
 def _unavailable(answer: Answer | None = None, reason: str = "unavailable") -> Response:
     if answer is not None:
         return _send(answer)
