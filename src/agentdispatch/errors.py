@@ -35,6 +35,15 @@ class ConfigError(AgentDispatchError):
 class TaskQueueUnavailable(AgentDispatchError):
     """A store or transport cannot be reached; never degrades silently."""
 
+    #: The message says what to look at: a caller adds no guess of its own.
+    explained = False
+
+
+def explained(exc: TaskQueueUnavailable) -> TaskQueueUnavailable:
+    """``exc``, marked as saying what to look at."""
+    exc.explained = True
+    return exc
+
 
 class DepthUnavailable(TaskQueueUnavailable):
     """The queue depth could not be read; admission rejects (never reads 0)."""

@@ -102,6 +102,13 @@ def test_cli_on_a_full_disk_says_so_in_one_line(tmp_path: Path) -> None:
             assert proc.returncode == 69, out
             assert out.splitlines() == [out] and "the disk is full" in out, out
             assert out.count("AGENT_DISPATCH_DATA_DIR") == 1, out
+        # The worker's preflight says so too, without a guess at the other backends' settings.
+        proc = subprocess.run(
+            [sys.executable, "-m", "agentdispatch", "worker"], env=env, capture_output=True, text=True, timeout=60
+        )
+        out = (proc.stdout + proc.stderr).strip()
+        assert proc.returncode == 2 and "the disk is full" in out, out
+        assert "STATE_DB_URI" not in out and "KAFKA_BOOTSTRAP_SERVERS" not in out, out
         filler.unlink()
         proc = subprocess.run(
             [sys.executable, "-m", "agentdispatch", "status", job], env=env, capture_output=True, text=True, timeout=60

@@ -131,10 +131,10 @@ def run_worker(
         worker = AsyncWorker(settings, store, transport, obj.registry, options=options, worker_id=worker_id)
         worker.preflight()
     except TaskQueueUnavailable as exc:
-        click.echo(
-            f"error: preflight failed: {exc} (check TASK_QUEUE_BACKEND / STATE_DB_URI / KAFKA_BOOTSTRAP_SERVERS)",
-            err=True,
-        )
+        # A message that names its remedy (a full disk, a setting) is not
+        # followed by a guess that would send the operator elsewhere.
+        guess = "" if exc.explained else " (check TASK_QUEUE_BACKEND / STATE_DB_URI / KAFKA_BOOTSTRAP_SERVERS)"
+        click.echo(f"error: preflight failed: {exc}{guess}", err=True)
         sys.exit(exits.PREFLIGHT)
     except sqlite3.DatabaseError:
         # Raised as is at run time (a worker exits non-zero); at start-up it is a setting to check.

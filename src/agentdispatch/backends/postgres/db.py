@@ -28,7 +28,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
-from ...errors import TaskQueueUnavailable
+from ...errors import TaskQueueUnavailable, explained
 from .deadline import Deadlines
 
 T = TypeVar("T")
@@ -301,7 +301,9 @@ def probe(uri: str) -> None:
     try:
         psycopg.connect(conninfo).close()
     except psycopg.Error as exc:
-        raise TaskQueueUnavailable(f"cannot connect to PostgreSQL at STATE_DB_URI: {connection_cause(exc)}") from None
+        raise explained(
+            TaskQueueUnavailable(f"cannot connect to PostgreSQL at STATE_DB_URI: {connection_cause(exc)}")
+        ) from None
 
 
 class PgDb:
@@ -348,7 +350,7 @@ class PgDb:
         them off, so the caller's next transaction works."""
         if isinstance(exc, _PREPARED_LOST):
             self._unprepare()
-        return TaskQueueUnavailable(f"PostgreSQL {what} failed ({describe(exc)}); {hint(exc)}")
+        return explained(TaskQueueUnavailable(f"PostgreSQL {what} failed ({describe(exc)}); {hint(exc)}"))
 
     @contextmanager
     def _connection(self, timeout: float | None = None, answer_s: float | None = None) -> Iterator[Conn]:

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 
-from ...errors import TaskQueueUnavailable
+from ...errors import TaskQueueUnavailable, explained
 
 BUSY_TIMEOUT_MS = 30_000
 #: Free bytes under which an error opening or writing the file is read as a full disk.
@@ -145,10 +145,11 @@ class SqliteDb:
         except OSError:
             full = False
         if full:
-            return TaskQueueUnavailable(f"{what}: the disk is full; free space under AGENT_DISPATCH_DATA_DIR")
+            message = f"{what}: the disk is full; free space under AGENT_DISPATCH_DATA_DIR"
+            return explained(TaskQueueUnavailable(message))
         # SQLite's messages name no path; an OSError's would (kept out of logs).
         detail = str(exc) if isinstance(exc, sqlite3.Error) else type(exc).__name__
-        return TaskQueueUnavailable(f"{what} ({detail}); check AGENT_DISPATCH_DATA_DIR")
+        return explained(TaskQueueUnavailable(f"{what} ({detail}); check AGENT_DISPATCH_DATA_DIR"))
 
     def conn(self, durable: bool = False) -> sqlite3.Connection:
         """This thread's connection of the given durability."""
