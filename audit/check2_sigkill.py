@@ -59,22 +59,11 @@ VIA = os.environ.get("SUBMIT_VIA", "python")
 http = None
 if VIA == "http":
     import httpx
+    from kit import start_gateway
 
-    sys.path.insert(0, str(HERE.parent / "tests"))
-    from ports import free_port
-
-    gport = free_port()
-    glog = (root / "gateway.log").open("wb")
-    logs.append(Path(glog.name))
-    gw = subprocess.Popen([sys.executable, "-m", "agentdispatch", "gateway", "--no-auth", "--port", str(gport)],
-                          env=env, stdout=glog, stderr=glog)  # fmt: skip
+    logs.append(root / "gateway.log")
+    gw, gport = start_gateway(env, logs[-1], "--no-auth")
     http = httpx.Client(base_url=f"http://127.0.0.1:{gport}", timeout=60)
-    for _ in range(200):
-        try:
-            http.get("/healthz")
-            break
-        except httpx.TransportError:
-            time.sleep(0.1)
 settings = load_settings()
 store, transport = open_backends(settings)
 dispatcher = Dispatcher(store, transport, settings)

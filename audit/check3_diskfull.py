@@ -14,9 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
-from ports import free_port
+from kit import clean_env, start_gateway
 
 SIZE = os.environ.get("DISK", "4m")
 FILLER_MB = int(os.environ.get("FILLER_MB", "1"))
@@ -27,8 +25,7 @@ subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={SIZE},mode=0700", "tmpfs",
 procs: list[subprocess.Popen[bytes]] = []
 try:
     data = disk / "data"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_DISPATCH_", "TASK_QUEUE", "STATE_DB"))}
-    env.update(AGENT_DISPATCH_DATA_DIR=str(data), TASK_QUEUE_BACKEND="sqlite",
+    env = clean_env(AGENT_DISPATCH_DATA_DIR=str(data), TASK_QUEUE_BACKEND="sqlite",
                AGENT_DISPATCH_CLAIM_TTL_S="5", AGENT_DISPATCH_RENEW_INTERVAL_S="1")  # fmt: skip
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -39,21 +36,13 @@ try:
     token = json.loads(cli("token", "create", "--tenant", "default", "--json").stdout)["token"]
     filler = disk / "filler"
     filler.write_bytes(b"\xff" * (FILLER_MB << 20))
-    port = free_port()
-    glog, wlog = (root / "gateway.log").open("wb"), (root / "worker.log").open("wb")
-    gw = subprocess.Popen([sys.executable, "-m", "agentdispatch", "gateway", "--port", str(port)], env=env,
-                          stdout=glog, stderr=glog)  # fmt: skip
+    wlog = (root / "worker.log").open("wb")
+    gw, port = start_gateway(env, root / "gateway.log")
     procs.append(gw)
     worker = subprocess.Popen([sys.executable, "-m", "agentdispatch", "worker", "--concurrency", "8", "--grace", "5"],
                               env=env, stdout=wlog, stderr=wlog)  # fmt: skip
     procs.append(worker)
     c = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"}, timeout=30)
-    for _ in range(100):
-        try:
-            if c.get("/v1/jobs?limit=1").status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.2)
     accepted: list[str] = []
     refusals: Counter[str] = Counter()
     samples: dict[str, str] = {}

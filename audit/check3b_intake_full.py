@@ -15,9 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
-from ports import free_port
+from kit import clean_env, start_gateway
 
 KEY, TG_SECRET, TG_BOT = "11" * 32, "tg-secret_TOKEN-1", "7001"
 root = Path(tempfile.mkdtemp(prefix="audit3b-"))
@@ -26,8 +24,9 @@ disk.mkdir()
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs", str(disk)], check=True)
 gw = None
 try:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_DISPATCH_", "TASK_QUEUE", "STATE_DB"))}
-    env.update(AGENT_DISPATCH_DATA_DIR=str(disk / "data"), TASK_QUEUE_BACKEND="sqlite", AGENT_DISPATCH_INTAKE_KEY=KEY)
+    env = clean_env(
+        AGENT_DISPATCH_DATA_DIR=str(disk / "data"), TASK_QUEUE_BACKEND="sqlite", AGENT_DISPATCH_INTAKE_KEY=KEY
+    )
 
     def cli(*args: str, stdin: str | None = None) -> str:
         p = subprocess.run([sys.executable, "-m", "agentdispatch", *args], env=env, input=stdin, capture_output=True,
@@ -41,17 +40,8 @@ try:
     cli("intake", "route", "set", tg, "*", "helper")
     free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
     (disk / "filler").write_bytes(b"\xff" * (free - (400 << 10)))
-    port = free_port()
-    glog = (root / "gateway.log").open("wb")
-    gw = subprocess.Popen([sys.executable, "-m", "agentdispatch", "gateway", "--no-auth", "--port", str(port)],
-                          env=env, stdout=glog, stderr=glog)  # fmt: skip
+    gw, port = start_gateway(env, root / "gateway.log", "--no-auth")
     c = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
-    for _ in range(200):
-        try:
-            c.get("/healthz")
-            break
-        except httpx.TransportError:
-            time.sleep(0.1)
     h = {"X-Telegram-Bot-Api-Secret-Token": TG_SECRET, "Content-Type": "application/json"}
 
     def update(uid: int) -> bytes:

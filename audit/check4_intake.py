@@ -19,9 +19,7 @@ import time
 from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
-from ports import free_port
+from kit import clean_env, start_gateway
 
 KEY = "11" * 32
 TG_SECRET, TG_BOT = "tg-secret_TOKEN-1", "7001"
@@ -29,8 +27,7 @@ SLACK_SECRET, APP, TEAM = "slack-signing-secret", "A0APP", "T0TEAM"
 BODY_TIMEOUT = float(os.environ.get("BODY_TIMEOUT", "3"))
 root = Path(tempfile.mkdtemp(prefix="audit4-"))
 data = root / "data"
-env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_DISPATCH_", "TASK_QUEUE", "STATE_DB"))}
-env.update(AGENT_DISPATCH_DATA_DIR=str(data), TASK_QUEUE_BACKEND="sqlite", AGENT_DISPATCH_INTAKE_KEY=KEY,
+env = clean_env(AGENT_DISPATCH_DATA_DIR=str(data), TASK_QUEUE_BACKEND="sqlite", AGENT_DISPATCH_INTAKE_KEY=KEY,
            AGENT_DISPATCH_INTAKE_BODY_TIMEOUT_S=str(BODY_TIMEOUT))  # fmt: skip
 
 
@@ -48,17 +45,8 @@ sl = cli("intake", "install", "slack", "--tenant", "acme", "--app-id", APP, "--t
 cli("intake", "agent", "add", "helper")
 for inst in (tg, sl):
     cli("intake", "route", "set", inst, "*", "helper")
-port = free_port()
-glog = (root / "gateway.log").open("wb")
-gw = subprocess.Popen([sys.executable, "-m", "agentdispatch", "gateway", "--no-auth", "--port", str(port)], env=env,
-                      stdout=glog, stderr=glog)  # fmt: skip
+gw, port = start_gateway(env, root / "gateway.log", "--no-auth")
 base = f"http://127.0.0.1:{port}"
-for _ in range(200):
-    try:
-        httpx.get(base + "/metrics", timeout=1)
-        break
-    except httpx.TransportError:
-        time.sleep(0.1)
 
 
 def rss_kb() -> int:

@@ -15,15 +15,12 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
-from ports import free_port
+from kit import clean_env, start_gateway
 
 N = int(os.environ.get("N", "2000"))
 KEY, TG_SECRET, TG_BOT = "11" * 32, "tg-secret_TOKEN-1", "7001"
 root = Path(tempfile.mkdtemp(prefix="audit4b-"))
-env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_DISPATCH_", "TASK_QUEUE", "STATE_DB"))}
-env.update(AGENT_DISPATCH_DATA_DIR=str(root / "data"), TASK_QUEUE_BACKEND="sqlite", AGENT_DISPATCH_INTAKE_KEY=KEY,
+env = clean_env(AGENT_DISPATCH_DATA_DIR=str(root / "data"), TASK_QUEUE_BACKEND="sqlite", AGENT_DISPATCH_INTAKE_KEY=KEY,
            AGENT_DISPATCH_INTAKE_BODY_TIMEOUT_S="5")  # fmt: skip
 
 
@@ -38,16 +35,7 @@ tg = cli("intake", "install", "telegram", "--tenant", "acme", "--bot-id", TG_BOT
          stdin=json.dumps({"secret_token": TG_SECRET, "bot_token": f"{TG_BOT}:tok"}))  # fmt: skip
 cli("intake", "agent", "add", "helper")
 cli("intake", "route", "set", tg, "*", "helper")
-port = free_port()
-glog = (root / "gateway.log").open("wb")
-gw = subprocess.Popen([sys.executable, "-m", "agentdispatch", "gateway", "--no-auth", "--port", str(port)], env=env,
-                      stdout=glog, stderr=glog)  # fmt: skip
-for _ in range(200):
-    try:
-        httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-        break
-    except httpx.TransportError:
-        time.sleep(0.1)
+gw, port = start_gateway(env, root / "gateway.log", "--no-auth")
 
 
 def status(key: str) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -16,24 +15,14 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
-from ports import free_port
+from kit import clean_env, start_gateway
 
 root = Path(tempfile.mkdtemp(prefix="audit5-"))
-env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_DISPATCH_", "TASK_QUEUE", "STATE_DB"))}
-env.update(AGENT_DISPATCH_DATA_DIR=str(root / "data"), TASK_QUEUE_BACKEND="sqlite", AGENT_DISPATCH_MAX_DEPTH="1000")
-port = free_port()
-glog = (root / "gateway.log").open("wb")
-gw = subprocess.Popen([sys.executable, "-m", "agentdispatch", "gateway", "--no-auth", "--port", str(port)], env=env,
-                      stdout=glog, stderr=glog)  # fmt: skip
+env = clean_env(
+    AGENT_DISPATCH_DATA_DIR=str(root / "data"), TASK_QUEUE_BACKEND="sqlite", AGENT_DISPATCH_MAX_DEPTH="1000"
+)
+gw, port = start_gateway(env, root / "gateway.log", "--no-auth")
 base = f"http://127.0.0.1:{port}"
-for _ in range(200):
-    try:
-        httpx.get(base + "/healthz", timeout=1)
-        break
-    except httpx.TransportError:
-        time.sleep(0.1)
 
 
 def producer(n: int) -> list[tuple[int, str]]:

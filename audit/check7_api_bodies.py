@@ -3,34 +3,18 @@ chunked body and a 1 byte/s body from a caller with no token."""
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-import httpx
-
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
-from ports import free_port
+from kit import clean_env, start_gateway
 
 root = Path(tempfile.mkdtemp(prefix="audit7-"))
-env = {k: v for k, v in os.environ.items() if not k.startswith(("AGENT_DISPATCH_", "TASK_QUEUE", "STATE_DB"))}
-env.update(AGENT_DISPATCH_DATA_DIR=str(root / "data"), TASK_QUEUE_BACKEND="sqlite",
+env = clean_env(AGENT_DISPATCH_DATA_DIR=str(root / "data"), TASK_QUEUE_BACKEND="sqlite",
            AGENT_DISPATCH_INTAKE_BODY_TIMEOUT_S="3")  # fmt: skip
-port = free_port()
-glog = (root / "gateway.log").open("wb")
-gw = subprocess.Popen([sys.executable, "-m", "agentdispatch", "gateway", "--port", str(port)], env=env, stdout=glog,
-                      stderr=glog)  # fmt: skip
-for _ in range(200):
-    try:
-        httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-        break
-    except httpx.TransportError:
-        time.sleep(0.1)
+gw, port = start_gateway(env, root / "gateway.log")
 
 
 def rss() -> int:
