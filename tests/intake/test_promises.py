@@ -55,18 +55,29 @@ def test_follow_up_during_the_reply_call_is_steered_into_the_run(s: Site) -> Non
 def test_a_full_backlog_is_retried_not_rejected_for_good(s: Site) -> None:
     gw = s.gateway("--no-auth")  # no workers: nothing leaves the backlog by itself
     extra = BACKLOG_PER_AGENT + 1
+    refusal = "SELECT state, reason, job_id, agent FROM intake_receipts WHERE source_id = ?"
     with gw.client() as c:
         for n in range(1, extra):
             assert send(c, n, chat=100 + n).status_code == 200
         full = send(c, extra, chat=9)
         assert full.status_code == 503 and full.headers["Retry-After"].isdigit()
         assert "backlog_full" in full.text
-        assert s.rows("SELECT * FROM intake_receipts WHERE source_id = ?", f"{TG_BOT}:{extra}") == []
+        # A rejected receipt says why, and no WorkItem was made.
+        rejected = {"state": "rejected", "reason": "backlog_full", "job_id": None, "agent": "helper"}
+        assert s.rows(refusal, f"{TG_BOT}:{extra}") == [rejected]
+        assert s.rows("SELECT id FROM work_items WHERE id = ?", tg_job(extra)) == []
+        again = send(c, extra, chat=9)  # the provider's retry while still full: refused again, one receipt
+        assert again.status_code == 503 and again.headers["Retry-After"].isdigit()
+        assert s.rows(refusal, f"{TG_BOT}:{extra}") == [rejected]
         assert send(c, 1, chat=101).status_code == 200  # a duplicate still succeeds
-        assert 'agent_utilities_dispatch_intake_backlog_full_total{connector="telegram"} 1.0' in c.get("/metrics").text
+        assert 'agent_utilities_dispatch_intake_backlog_full_total{connector="telegram"} 2.0' in c.get("/metrics").text
         s.cli("cancel", tg_job(1), "--tenant", "acme")  # a slot frees
         assert send(c, extra, chat=9).status_code == 200  # the provider's retry is accepted
+        assert send(c, extra, chat=9).status_code == 200  # and its copies are its duplicates
     assert s.receipt(tg_job(extra))["state"] == "accepted"
+    assert s.rows(refusal, f"{TG_BOT}:{extra}") == [
+        {"state": "accepted", "reason": None, "job_id": tg_job(extra), "agent": "helper"}
+    ]
     assert s.item(tg_job(extra))["status"] == "ready"
 
 

@@ -371,13 +371,15 @@ def test_backlog_bound_per_agent(tmp_path: Path) -> None:
     try:
         with gw.client() as c:
             assert post_tg(c, tg_update(1)).status_code == 200  # the 256th
-            full = post_tg(c, tg_update(2))  # a retryable failure, nothing stored
+            full = post_tg(c, tg_update(2))  # a retryable failure, recorded as a rejected receipt
             assert full.status_code == 503 and full.headers["Retry-After"].isdigit()
-            assert count(data, "SELECT count(*) FROM intake_receipts WHERE source_id = ?", f"{TG_BOT}:2") == 0
+            refused = "SELECT count(*) FROM intake_receipts WHERE source_id = ? AND state = 'rejected'"
+            assert count(data, refused + " AND reason = 'backlog_full' AND job_id IS NULL", f"{TG_BOT}:2") == 1
             with db(data) as conn:
                 conn.execute("UPDATE work_items SET status = 'succeeded' WHERE id = 'fill-0'")
             assert post_tg(c, tg_update(1)).status_code == 200  # the duplicate still answers 200
             assert post_tg(c, tg_update(2)).status_code == 200  # room again: the retry is accepted
             assert count(data, "SELECT count(*) FROM intake_receipts WHERE state = 'accepted'") == 2
+            assert count(data, refused, f"{TG_BOT}:2") == 0
     finally:
         gw.stop()

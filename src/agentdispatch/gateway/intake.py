@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from ..factory import open_intake_store
 from ..intake import slack, telegram, twilio
 from ..intake.admin import MAX_MESSAGES, messages
-from ..intake.admit import Abandoned, BacklogFull, Incoming, admit, answer_of
+from ..intake.admit import Abandoned, BacklogFull, Incoming, admit, answer_of, refused
 from ..intake.answers import Answer, ok, twiml
 from ..intake.base import IntakeStore
 from ..intake.body import BodyRejected, read_capped
@@ -326,8 +326,10 @@ def build_router(services: Services) -> APIRouter:
             row = await intake.db(lambda _: intake.istore.receipt_by_source("twilio", f"{account}:{call}:{step}"))
         except Unavailable:
             return _unavailable(twilio.apology("Sorry, please call again in a minute."))
-        if row is None or row["state"] == "rejected":
-            return _send(twilio.apology() if row is None else answer_of(row))
+        if row is None or refused(row):  # a step refused for a full backlog: as if never heard
+            return _send(twilio.apology())
+        if row["state"] == "rejected":
+            return _send(answer_of(row))
         if row["reply"]:
             return _send(twilio.gather(base, step + 1, str(row["reply"])))
         if row["finished_at"] is not None or poll >= 10:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import json
+import logging
 import re
 import threading
 from collections.abc import Sequence
@@ -19,12 +21,17 @@ from .answers import Answer
 from .base import Abandoned, Admission, Admitted, BacklogFull, IntakeStore, Row
 from .envelope import IntakeEnvelope
 
+log = logging.getLogger(__name__)
+
 KIND = "intake_turn"
 BACKLOG_PER_AGENT = 256
+#: The reason of a receipt refused for a full backlog, and its stored answer.
+BACKLOG_FULL = "backlog_full"
+REFUSED = Answer(503, "application/json", json.dumps({"status": "error", "error": BACKLOG_FULL}))
 #: What a session id may hold (the Dispatcher's identifier rule).
 _SESSION_SAFE = re.compile(r"^[A-Za-z0-9_.:@/+=-]{1,200}$")
 
-__all__ = ["Abandoned", "BacklogFull", "Incoming", "admit", "answer_of", "job_id_of"]
+__all__ = ["BACKLOG_FULL", "Abandoned", "BacklogFull", "Incoming", "admit", "answer_of", "job_id_of", "refused"]
 
 
 @dataclass(frozen=True)
@@ -84,15 +91,53 @@ def admit(
     )
     if job_id is None or env is None:  # nothing to run: the receipt alone
         return _answer(inc, istore.admit(admission))
-    done: list[Admitted] = []
 
-    def write(jobs: Sequence[NewJob], /, *, max_depth: int) -> list[Accepted]:
-        # The store sets the job's agent from the route it reads in this transaction.
-        done.append(istore.admit(dataclasses.replace(admission, job=jobs[0], max_depth=max_depth)))
-        return done[-1].accepted
+    def record() -> Admitted:
+        done: list[Admitted] = []
 
-    dispatcher.submit_many([_submission(inc, env, job_id)], write=write)
-    return _answer(inc, done[-1])
+        def write(jobs: Sequence[NewJob], /, *, max_depth: int) -> list[Accepted]:
+            # The store sets the job's agent from the route it reads in this transaction.
+            done.append(istore.admit(dataclasses.replace(admission, job=jobs[0], max_depth=max_depth)))
+            return done[-1].accepted
+
+        dispatcher.submit_many([_submission(inc, env, job_id)], write=write)
+        return done[-1]
+
+    try:
+        admitted = record()
+        if refused(admitted.original) and istore.forget_refusal(inc.connector, inc.source_id):
+            # The provider's retry of a delivery refused for a full backlog: new work.
+            admitted = record()
+    except BacklogFull as full:
+        try:
+            istore.refuse(_refusal(admission.receipt, str(full.args[0]) if full.args else ""))
+        except Exception as exc:  # the record is for operators: the answer is 503 either way
+            log.warning("intake: could not record a refusal for a full backlog: %s", exc)
+        raise
+    original = admitted.original
+    if original is not None and refused(original):  # another copy was refused meanwhile
+        raise BacklogFull(str(original["agent"]))
+    return _answer(inc, admitted)
+
+
+def refused(row: Row | None) -> bool:
+    """Whether a stored receipt may be a refusal for a full backlog (its
+    answer asked the provider to retry): a retry is then no duplicate."""
+    return row is not None and int(row["answer_status"]) == REFUSED.status
+
+
+def _refusal(receipt: Row, agent: str) -> Row:
+    """The rejected receipt that records a refusal for a full backlog."""
+    return {
+        **receipt,
+        "agent": agent,
+        "state": "rejected",
+        "reason": BACKLOG_FULL,
+        "job_id": None,
+        "answer_status": REFUSED.status,
+        "answer_type": REFUSED.media_type,
+        "answer_body": REFUSED.body,
+    }
 
 
 def _answer(inc: Incoming, admitted: Admitted) -> Answer:

@@ -26,8 +26,9 @@ class Abandoned(Exception):
 
 
 class BacklogFull(Exception):
-    """The agent's open-item bound is reached: roll back (nothing is stored, so
-    the provider's retry of the same update is new work once a slot frees)."""
+    """The agent's open-item bound is reached: roll back. The refusal is then
+    recorded on its own (:meth:`IntakeStore.refuse`), and the provider's retry
+    of the same update replaces it: new work once a slot frees."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,15 @@ class IntakeStore(Protocol):
         receipt of an earlier copy (a mismatched body is counted on it).
         Raises :class:`BacklogFull`, :class:`QueueFull` or :class:`Abandoned`
         with nothing written."""
+
+    def refuse(self, receipt: Row) -> None:
+        """Record a delivery refused for a full backlog: ``receipt`` (state
+        ``rejected``, reason ``backlog_full``, no WorkItem) in a transaction of
+        its own; nothing when a receipt of that source exists by now."""
+
+    def forget_refusal(self, connector: str, source_id: str) -> bool:
+        """Delete the refused receipt of one source identity (its retry is
+        admitted afresh); False when it has none (another copy took it)."""
 
     def installations(self, connector: str, route_key: str) -> list[Row]:
         """The installations of a route key (a Slack app, a bot, an account)."""

@@ -275,6 +275,15 @@ class PostgresIntakeStore:
             raise Abandoned()
         return Admitted(accepted)
 
+    def refuse(self, receipt: Row) -> None:
+        # Asynchronous commits: a record lost in a crash only leaves no trace of a 503.
+        with self._tx(durable=False) as tx:
+            _one(tx.c, "receipt_insert", **receipt, now=tx.now())
+
+    def forget_refusal(self, connector: str, source_id: str) -> bool:
+        with self._tx(durable=False) as tx:
+            return _run(tx.c, "receipt_forget_refusal", connector=connector, source_id=source_id) == 1
+
     def installations(self, connector: str, route_key: str) -> list[Row]:
         return self._read("inst_by_route", connector=connector, route_key=route_key)
 

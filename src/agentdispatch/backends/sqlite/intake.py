@@ -104,6 +104,14 @@ class SqliteIntakeStore:
                 raise Abandoned()
             return Admitted(accepted)
 
+    def refuse(self, receipt: Row) -> None:
+        with self._write() as c:
+            _one(c, "receipt_insert", **receipt, now=clock())
+
+    def forget_refusal(self, connector: str, source_id: str) -> bool:
+        with self._write() as c:
+            return _run(c, "receipt_forget_refusal", connector=connector, source_id=source_id) == 1
+
     def installations(self, connector: str, route_key: str) -> list[Row]:
         return self._read("inst_by_route", connector=connector, route_key=route_key)
 

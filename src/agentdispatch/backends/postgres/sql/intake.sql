@@ -70,6 +70,11 @@ VALUES (%(id)s, %(connector)s, %(source_id)s, %(installation_id)s, %(tenant)s, %
 ON CONFLICT DO NOTHING
 RETURNING id
 
+-- name: receipt_forget_refusal
+-- Its retry is new work: the refusal makes way for the receipt it will write.
+DELETE FROM intake_receipts
+WHERE connector = %(connector)s AND source_id = %(source_id)s AND state = 'rejected' AND reason = 'backlog_full'
+
 -- name: mismatch_insert
 INSERT INTO intake_mismatches (receipt_id, body_sha256, at) VALUES (%(receipt_id)s, %(body_sha256)s, %(now)s)
 

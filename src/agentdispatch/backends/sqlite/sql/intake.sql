@@ -69,6 +69,11 @@ VALUES (:id, :connector, :source_id, :installation_id, :tenant, :state, :reason,
 ON CONFLICT DO NOTHING
 RETURNING id
 
+-- name: receipt_forget_refusal
+-- Its retry is new work: the refusal makes way for the receipt it will write.
+DELETE FROM intake_receipts
+WHERE connector = :connector AND source_id = :source_id AND state = 'rejected' AND reason = 'backlog_full'
+
 -- name: mismatch_insert
 INSERT INTO intake_mismatches (receipt_id, body_sha256, at) VALUES (:receipt_id, :body_sha256, :now)
 
