@@ -10,8 +10,9 @@
 3. claim latency: p50/p99 of the fair claim with 1,000 vs ``--big`` queued rows over
    10,000 tenants and 100,000 sessions, with the EXPLAIN plan (ratio of p50s).
    Then a claim that comes up short (one turn queued, two asked for) with none vs
-   ``--in-flight`` turns claimed and unfinished (ratio of p50s): a worker whose
-   concurrency is above its load claims so at every arrival.
+   ``--in-flight`` turns claimed and unfinished, over 5 tenants and over one tenant
+   per turn (ratios of p50s): a worker whose concurrency is above its load claims
+   so at every arrival.
 4. dispatch latency: ``--rate`` turns/s offered to idle workers: submit call -> handler
    start, and submit returned (its commit visible) -> handler start; once with the
    workers in the submitting process, once in a worker process of their own; for the
@@ -403,21 +404,24 @@ def bench_claim_latency(big: int, samples: int, explain: bool = True) -> None:
     print(f"claim p50 ratio {big:,} / 1,000 = {ratio:.2f} (target <= 2)")
 
 
-def short_claims(uri: str, in_flight: int, samples: int) -> list[float]:
+def short_claims(uri: str, in_flight: int, samples: int, tenants: int = 5) -> list[float]:
     """Latency of claims that come up short (a claim of 2 with one turn queued)
-    while ``in_flight`` turns are claimed and not finished, as arrivals trickle
-    into a worker whose concurrency is above its load."""
+    while ``in_flight`` turns over ``tenants`` tenants are claimed and not
+    finished, as arrivals (of those tenants) trickle into a worker whose
+    concurrency is above its load."""
     store, transport, settings = backends(uri, AGENT_DISPATCH_MAX_DEPTH=10_000_000)
     d = Dispatcher(store, transport, settings)
     lat = []
     try:
         for i in range(0, in_flight, 1_000):
-            d.submit_many([Submission(kind="note", tenant=f"t{j % 5}") for j in range(min(1_000, in_flight - i))])
+            d.submit_many(
+                [Submission(kind="note", tenant=f"t{(i + j) % tenants}") for j in range(min(1_000, in_flight - i))]
+            )
         with psycopg.connect(uri, autocommit=True) as c:
             while c.execute(GET, {**CLAIM_ARGS, "vis": 3600.0, "n": 500}).fetchall():
                 pass
             for i in range(samples):
-                d.submit(Submission(kind="note", tenant=f"t{i % 5}"))
+                d.submit(Submission(kind="note", tenant=f"t{i * 7919 % tenants}"))
                 t0 = time.perf_counter()
                 rows = c.execute(GET, {**CLAIM_ARGS, "vis": 3600.0, "n": 2}).fetchall()
                 lat.append(time.perf_counter() - t0)
@@ -429,16 +433,22 @@ def short_claims(uri: str, in_flight: int, samples: int) -> list[float]:
 
 
 def bench_in_flight_claims(in_flight: int, samples: int) -> None:
-    results: dict[int, list[float]] = {}
-    for n in (0, in_flight):
+    """None in flight, then ``in_flight`` over 5 tenants, then over as many
+    tenants as turns (one customer each): ratios to the first."""
+    runs = [(0, 1), (in_flight, 5), (in_flight, in_flight)]
+    results: dict[tuple[int, int], list[float]] = {}
+    for n, tenants in runs:
         with schema() as (_name, uri):
-            results[n] = lat = short_claims(uri, n, samples)
+            results[n, tenants] = lat = short_claims(uri, n, samples, tenants)
         print(
-            f"claim that comes up short with {n:>6,} turns in flight: p50 {pct(lat, 50) * 1e3:.3f} ms, "
-            f"p99 {pct(lat, 99) * 1e3:.3f} ms over {samples} claims"
+            f"claim that comes up short with {n:>6,} turns in flight over {tenants:>6,} tenant(s): "
+            f"p50 {pct(lat, 50) * 1e3:.3f} ms, p99 {pct(lat, 99) * 1e3:.3f} ms over {samples} claims"
         )
-    ratio = statistics.median(results[in_flight]) / statistics.median(results[0])
-    print(f"short claim p50 ratio {in_flight:,} in flight / none = {ratio:.2f} (target <= 2)")
+    none = statistics.median(results[runs[0]])
+    for key in runs[1:]:
+        ratio = statistics.median(results[key]) / none
+        what = f"{key[0]:,} in flight over {key[1]:,} tenant(s)"
+        print(f"short claim p50 ratio {what} / none = {ratio:.2f} (target <= 2)")
 
 
 #: Random (Poisson) arrivals instead of evenly spaced ones (``--poisson``):

@@ -178,7 +178,8 @@ def test_fair_claim_is_an_index_scan(h: Harness) -> None:
         args = {"owner": "x", "vis": 30.0, "n": 1, "read": False, "listener": None, "mark_s": 0.0}
         plan = explain_nested(conn, sql, args)
     assert "agent_dispatch_queue" in plan, plan
-    assert "Seq Scan" not in plan, plan
+    # The wakes (023) are a handful of rows at most: a page read whole.
+    assert "Seq Scan" not in plan.replace("Seq Scan on dispatch_fair_wakes", ""), plan
     assert "fair_tenants_order" in plan and "fair_groups_order" in plan and "queue_group_head" in plan, plan
     assert "Index Scan using agent_dispatch_queue_pkey" in plan, plan  # the claim's update
 

@@ -40,7 +40,8 @@ EXPECTED: dict[str, list[str]] = {
         "id", "job_id", "item_seq", "session_ref", "tenant_ref", "group_ref", "priority", "deadline_unix",
         "envelope", "enqueued_at", "visible_at", "claimed_by", "claimed_at", "deliveries",
     ],
-    "dispatch_fair_tenants": ["priority", "tenant_ref", "since", "last_served"],
+    "dispatch_fair_tenants": ["priority", "tenant_ref", "since", "last_served", "held"],
+    "dispatch_fair_wakes": ["id", "priority", "tenant_ref"],
     "dispatch_fair_groups": [
         "priority", "group_ref", "tenant_ref", "deadline_key", "since", "last_served", "held_until",
     ],
@@ -121,7 +122,10 @@ def test_migrate_produces_the_expected_schema(schema: tuple[str, str]) -> None:
     assert slots == (64,)
     assert generic == {
         "dispatch_claim_fair",
+        "dispatch_fair_clear",
         "dispatch_fair_prune",
+        "dispatch_fair_unhold",
+        "dispatch_fair_wake",
         "dispatch_items_read",
         "dispatch_submit_read",
         "dispatch_submit_new",

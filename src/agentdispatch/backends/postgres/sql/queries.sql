@@ -227,15 +227,19 @@ LIMIT %(limit)s
 FOR UPDATE
 
 -- name: release_claims
--- Their groups' holds end with them (see 022_held_groups.sql).
+-- Their groups' holds end with them (see 022_held_groups.sql), and so do
+-- their tenants' (023).
 WITH r AS (
     UPDATE agent_dispatch_queue SET visible_at = %(now)s, claimed_by = NULL, claimed_at = NULL
     WHERE left(claimed_by, length(%(prefix)s)) = %(prefix)s
     RETURNING priority, group_ref
+), g AS (
+    UPDATE dispatch_fair_groups g SET held_until = 0
+    FROM (SELECT DISTINCT priority, group_ref FROM r) k
+    WHERE g.priority = k.priority AND g.group_ref = k.group_ref AND g.held_until <> 0
+    RETURNING g.priority, g.tenant_ref
 )
-UPDATE dispatch_fair_groups g SET held_until = 0
-FROM (SELECT DISTINCT priority, group_ref FROM r) k
-WHERE g.priority = k.priority AND g.group_ref = k.group_ref AND g.held_until <> 0
+SELECT dispatch_fair_unhold(array_agg(g.priority), array_agg(g.tenant_ref)) FROM g
 
 -- name: held_suspects
 SELECT lease_owner, attempts, max_attempts FROM work_items

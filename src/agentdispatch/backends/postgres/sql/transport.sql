@@ -29,19 +29,22 @@ RETURNING q.id
 -- name: release
 -- A released head holds its group until its row is visible again, or not at
 -- all without a delay (see 022_held_groups.sql); a row behind the head
--- leaves its group as it is.
+-- leaves its group as it is. A group freed frees its tenant (023).
 WITH r AS (
     UPDATE agent_dispatch_queue
     SET visible_at = extract(epoch FROM clock_timestamp())::float8 + %(delay)s, claimed_by = NULL, claimed_at = NULL
     WHERE id = %(id)s AND claimed_by = %(owner)s AND claimed_at = %(claimed_at)s
     RETURNING priority, group_ref, item_seq, id, visible_at
+), g AS (
+    UPDATE dispatch_fair_groups g SET held_until = CASE WHEN %(delay)s > 0 THEN r.visible_at ELSE 0 END
+    FROM r
+    WHERE g.priority = r.priority AND g.group_ref = r.group_ref
+      AND NOT EXISTS (
+          SELECT 1 FROM agent_dispatch_queue p
+          WHERE p.group_ref = r.group_ref AND p.priority = r.priority AND (p.item_seq, p.id) < (r.item_seq, r.id))
+    RETURNING g.priority, g.tenant_ref, g.held_until
 )
-UPDATE dispatch_fair_groups g SET held_until = CASE WHEN %(delay)s > 0 THEN r.visible_at ELSE 0 END
-FROM r
-WHERE g.priority = r.priority AND g.group_ref = r.group_ref
-  AND NOT EXISTS (
-      SELECT 1 FROM agent_dispatch_queue p
-      WHERE p.group_ref = r.group_ref AND p.priority = r.priority AND (p.item_seq, p.id) < (r.item_seq, r.id))
+SELECT dispatch_fair_unhold(array_agg(g.priority), array_agg(g.tenant_ref)) FROM g WHERE g.held_until = 0
 
 -- name: depth
 SELECT count(*) AS n FROM agent_dispatch_queue
