@@ -60,3 +60,10 @@ def block(turn: Turn, guard: LeaseGuard) -> str:
     _log(f"start {turn.job_id}")
     time.sleep(3600)
     return "woke"
+
+
+@registry.register("stamp")
+async def stamp(turn: Turn, guard: LeaseGuard) -> dict[str, int]:
+    """Log when the turn started (wall clock: the database's, on one host)."""
+    _log(f"start {turn.job_id} {time.time():.6f}")
+    return {"pid": os.getpid()}

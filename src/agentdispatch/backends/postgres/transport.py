@@ -21,6 +21,7 @@ from ...errors import DepthUnavailable, TaskQueueUnavailable
 from ...sqlfiles import Queries
 from ...transports.base import Delivery, Receipt
 from .db import Conn, PgDb, describe, with_link_defaults
+from .deadline import Deadlines
 
 if TYPE_CHECKING:
     from ...stores.base import Outbox, Store
@@ -28,6 +29,16 @@ if TYPE_CHECKING:
 Q = Queries("agentdispatch.backends.postgres.sql", "transport.sql")
 CHANNEL = "agent_dispatch_queue"
 log = logging.getLogger("agentdispatch.backends.postgres.transport")
+#: How often the listener probes its connection: a half-open one delivers
+#: no notification and raises no error, however long it stays so.
+PROBE_EVERY_S = 15.0
+#: Seconds the listener waits for the answer of any of its statements before
+#: it cuts the connection and starts a new one. TCP keepalives and
+#: ``tcp_user_timeout`` end a link whose peer's kernel is gone, but not one
+#: whose peer still acknowledges bytes and never answers (a paused server, a
+#: stuck proxy or pooler); without this bound the listener waited on such a
+#: link for good and never listened again.
+PROBE_ANSWER_S = 10.0
 
 
 class _Wakeup:
@@ -89,6 +100,7 @@ class _Listener:
         self.pid: int | None = None
         self._stop = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
+        self._deadlines = Deadlines()
         self._thread = threading.Thread(target=self._run, name="pg-listen", daemon=True)
 
     def start(self) -> None:
@@ -108,8 +120,9 @@ class _Listener:
             try:
                 with psycopg.connect(with_link_defaults(self.uri), autocommit=True) as conn:
                     self._conn = conn
-                    conn.execute(f"LISTEN {CHANNEL}")
-                    listening = conn.execute("SELECT count(*) FROM pg_listening_channels()").fetchone()
+                    with self._deadlines.watch(conn, PROBE_ANSWER_S):
+                        conn.execute(f"LISTEN {CHANNEL}")
+                        listening = conn.execute("SELECT count(*) FROM pg_listening_channels()").fetchone()
                     # Behind a transaction-mode pooler LISTEN is a no-op: poll instead.
                     self.healthy = bool(listening and listening[0])
                     if not self.healthy:
@@ -125,10 +138,11 @@ class _Listener:
                         for note in conn.notifies(timeout=1.0, stop_after=1):
                             # As many waiters as rows came (the payload of a bulk insert).
                             self.wake.bump(int(note.payload) if note.payload.isdigit() else 1)
-                        if time.monotonic() - last_probe > 15.0:
+                        if time.monotonic() - last_probe > PROBE_EVERY_S:
                             # A half-open connection delivers nothing: probe it,
                             # clearing killed processes' long-expired marks.
-                            conn.execute(Q["forget_marks"])
+                            with self._deadlines.watch(conn, PROBE_ANSWER_S):
+                                conn.execute(Q["forget_marks"])
                             last_probe = time.monotonic()
             except (psycopg.Error, OSError) as exc:
                 if self._stop.is_set():
