@@ -28,6 +28,8 @@ class Link:
     server: socket.socket
     #: Held: nothing is read from either side, so nothing is forwarded.
     held: bool = False
+    #: Only the server's bytes are held: requests arrive, answers do not.
+    answers_held: bool = False
     #: To be closed with a reset by the proxy's thread.
     cut: bool = False
     closed: bool = False
@@ -54,6 +56,8 @@ class FaultProxy:
         self.links: list[Link] = []
         #: New connections are held at once (a blackhole of the whole route).
         self.hold_new = False
+        #: New connections get their answers held at once.
+        self.hold_new_answers = False
         self._wake_r, self._wake_w = socket.socketpair()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="fault-proxy", daemon=True)
@@ -88,24 +92,31 @@ class FaultProxy:
             link.gone.wait(10)
         return len(live)
 
-    def blackhole(self, ports: set[int] | None = None, *, new: bool = True) -> int:
+    def blackhole(self, ports: set[int] | None = None, *, new: bool = True, answers_only: bool = False) -> int:
         """Hold the connections whose upstream port is in ``ports`` (None:
-        every one, and with ``new`` every later one too); how many."""
-        if ports is None:
+        every one, and with ``new`` every later one too); how many. With
+        ``answers_only`` the server still gets every request and runs it,
+        and only its answers are held."""
+        if ports is None and answers_only:
+            self.hold_new_answers = new
+        elif ports is None:
             self.hold_new = new
         n = 0
         for link in self.live():
             if ports is None or link.upstream_port in ports:
-                link.held = True
+                if answers_only:
+                    link.answers_held = True
+                else:
+                    link.held = True
                 n += 1
         self._poke()
         return n
 
     def resume(self) -> None:
         """Forward everything again, the bytes held meanwhile first."""
-        self.hold_new = False
+        self.hold_new = self.hold_new_answers = False
         for link in self.live():
-            link.held = False
+            link.held = link.answers_held = False
         self._poke()
 
     def live(self) -> list[Link]:
@@ -138,7 +149,7 @@ class FaultProxy:
                 self._drop(link, reset=True)
                 continue
             for sock, inbound in ((link.client, True), (link.server, False)):
-                want = not link.held and not link.closed
+                want = not link.held and not link.closed and (inbound or not link.answers_held)
                 registered = sock in self._sel.get_map() if sock.fileno() >= 0 else False
                 if want and not registered:
                     self._sel.register(sock, selectors.EVENT_READ, (link, inbound))
@@ -159,7 +170,7 @@ class FaultProxy:
         for s in (client, server):
             s.setblocking(False)
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        link = Link(client, server, held=self.hold_new)
+        link = Link(client, server, held=self.hold_new, answers_held=self.hold_new_answers)
         with self._lock:
             self.links.append(link)
 

@@ -10,6 +10,7 @@ import inspect
 import json
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -99,6 +100,8 @@ class LeaseGuard:
         #: Where :meth:`side_effect_async` runs its store calls (None: the
         #: loop's default executor).
         self.io: Executor | None = None
+        #: Times the fence check of a side effect (seconds; monotonic).
+        self.clock: Callable[[], float] = time.monotonic
         #: Where :meth:`side_effect_async` queues its ledger writes instead,
         #: to be written with other turns' in one transaction (the async
         #: runtime's :class:`~agentdispatch.runtime.ledger.Ledger`).
@@ -239,6 +242,7 @@ class LeaseGuard:
     def _side_effect(
         self, key: str, fn: Callable[..., T], *, verify: Callable[[], T | NotHappened] | None, idempotent: bool
     ) -> T:
+        asked = self.clock()
         done = self._begin(key, retry_unknown=idempotent)
         if done is not None and done.state == "unknown":
             if verify is None:
@@ -247,12 +251,14 @@ class LeaseGuard:
                     "confirmed; inspect it, then replay the job from the dead-letter queue"
                 )
             found = verify()
+            asked = self.clock()
             done = self._begin(key, retry_unknown=True)
             if done is None and not isinstance(found, NotHappened):
                 self._settle(key, "committed", found)
                 return found
         if done is not None:
             return done.result  # type: ignore[no-any-return]
+        self._revoke_if_late(key, asked)
         if self._lost is not None:  # revoked while the mark was written: fn must not start
             self._settle_quietly(key, "failed")
             raise LeaseLost(self._lost)
@@ -292,6 +298,7 @@ class LeaseGuard:
         verify: Callable[[], Awaitable[T | NotHappened]] | None,
         idempotent: bool,
     ) -> T:
+        asked = self.clock()
         done = await self._abegin(key, retry_unknown=idempotent)
         if done is not None and done.state == "unknown":
             if verify is None:
@@ -300,12 +307,14 @@ class LeaseGuard:
                     "confirmed; inspect it, then replay the job from the dead-letter queue"
                 )
             found = await verify()
+            asked = self.clock()
             done = await self._abegin(key, retry_unknown=True)
             if done is None and not isinstance(found, NotHappened):
                 await self._asettle(key, "committed", found)
                 return found
         if done is not None:
             return done.result  # type: ignore[no-any-return]
+        self._revoke_if_late(key, asked)
         if self._lost is not None:  # revoked while the mark was written: fn must not start
             await self._asettle_quietly(key, "failed")
             raise LeaseLost(self._lost)
@@ -319,6 +328,19 @@ class LeaseGuard:
             raise
         await self._asettle(key, "committed", result)
         return result
+
+    def _revoke_if_late(self, key: str, asked: float) -> None:
+        """Refuse the effect if its begin's answer took a TTL or more since
+        ``asked`` (when it was sent, or later): the begin's transaction reads
+        the database clock once, early, and renews the lease from it, so an
+        answer held up (a stalled link, a lock, a paused process) can confirm
+        a lease that had already run out when it came."""
+        took = self.clock() - asked
+        if took >= self.ttl_s:
+            self.revoke(
+                f"job {self.job_id}: side effect {key!r} was confirmed {took:.1f} s after it was asked, "
+                f"past the lease TTL of {self.ttl_s:g} s"
+            )
 
     def _op(
         self, key: str, state: EffectState | None = None, result: Any = None, retry_unknown: bool = False

@@ -67,3 +67,26 @@ async def stamp(turn: Turn, guard: LeaseGuard) -> dict[str, int]:
     """Log when the turn started (wall clock: the database's, on one host)."""
     _log(f"start {turn.job_id} {time.time():.6f}")
     return {"pid": os.getpid()}
+
+
+@registry.register("gate")
+async def gate(turn: Turn, guard: LeaseGuard) -> dict[str, int]:
+    """Start, wait until the file ``payload["go"]`` exists, then one effect;
+    lines carry the wall clock (the database's, on one host), the effect's
+    also the lease expiry the worker last had confirmed."""
+    epoch = guard.fence.epoch
+    _log(f"start {turn.job_id} {epoch} {time.time():.6f}")
+    go = Path(turn.payload["go"])
+    try:
+        while not go.exists():
+            await asyncio.sleep(0.01)
+
+        async def send(fence: Fence) -> int:
+            _log(f"effect {turn.job_id} {fence.epoch} {time.time():.6f} {guard.lease.expires_at:.6f}")
+            return fence.epoch
+
+        await guard.side_effect_async(f"send:{turn.job_id}", send)
+    except asyncio.CancelledError:
+        _log(f"stopped {turn.job_id} {epoch} {time.time():.6f}")
+        raise
+    return {"pid": os.getpid()}
