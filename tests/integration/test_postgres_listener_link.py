@@ -39,6 +39,7 @@ class Rig:
     store: Store
     sink: Path
     worker: subprocess.Popen[bytes]
+    log: Path
 
     def listener(self) -> int | None:
         """The backend the worker's claims name as their listener (set only
@@ -78,9 +79,10 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
                 sink = tmp_path / "sink"
                 sink.mkdir()
                 env = {**h.env, "STATE_DB_URI": proxy.uri(), "RUNTIME_SINK_DIR": str(sink)}
-                worker = runtime_worker(env)
+                with (tmp_path / "worker.log").open("wb") as err:
+                    worker = runtime_worker(env, stderr=err.fileno())
                 try:
-                    r = Rig(proxy, admin, h.dispatcher(), h.store, sink, worker)
+                    r = Rig(proxy, admin, h.dispatcher(), h.store, sink, worker, tmp_path / "worker.log")
                     r.pickup_s("warm-up")
                     wait_until(lambda: r.listener() is not None, timeout=30)
                     yield r
@@ -126,5 +128,6 @@ def test_a_blackholed_listener_link_is_given_up_and_listens_again(rig: Rig) -> N
     took = [rig.pickup_s(f"while-held-{i}") for i in range(5)]
     _picked_up_promptly(took)
     assert time.monotonic() - t0 + _listens_again(rig, old) < 30
+    assert "queue listener lost (no answer within 10 s)" in rig.log.read_text()
     # The new listener wakes the worker: a turn starts well within a poll.
     assert min(rig.pickup_s(f"after-{i}") for i in range(3)) < POLL_S / 2

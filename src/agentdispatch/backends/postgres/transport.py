@@ -87,6 +87,10 @@ class _Wakeup:
             self._cond.wait_for(lambda: self._gen != seen, timeout=timeout)
 
 
+class _Silent(Exception):
+    """The listener's connection was cut: the server did not answer in time."""
+
+
 class _Listener:
     """LISTEN on a dedicated connection; reconnects with backoff on failure.
     ``healthy`` tells waiters how often they must poll; ``pid`` (its backend,
@@ -114,15 +118,24 @@ class _Listener:
                 conn.cancel_safe(timeout=1.0)
         self._thread.join(timeout=5)
 
+    def _answered(self, conn: psycopg.Connection[Any], sql: str) -> psycopg.Cursor[Any]:
+        """Run ``sql``; a connection that gives no answer in time is cut."""
+        with self._deadlines.watch(conn, PROBE_ANSWER_S) as ticket:
+            try:
+                return conn.execute(sql)
+            except psycopg.Error:
+                if ticket is not None and ticket.expired:
+                    raise _Silent(f"no answer within {PROBE_ANSWER_S:g} s") from None
+                raise
+
     def _run(self) -> None:
         backoff = 0.1
         while not self._stop.is_set():
             try:
                 with psycopg.connect(with_link_defaults(self.uri), autocommit=True) as conn:
                     self._conn = conn
-                    with self._deadlines.watch(conn, PROBE_ANSWER_S):
-                        conn.execute(f"LISTEN {CHANNEL}")
-                        listening = conn.execute("SELECT count(*) FROM pg_listening_channels()").fetchone()
+                    self._answered(conn, f"LISTEN {CHANNEL}")
+                    listening = self._answered(conn, "SELECT count(*) FROM pg_listening_channels()").fetchone()
                     # Behind a transaction-mode pooler LISTEN is a no-op: poll instead.
                     self.healthy = bool(listening and listening[0])
                     if not self.healthy:
@@ -141,15 +154,15 @@ class _Listener:
                         if time.monotonic() - last_probe > PROBE_EVERY_S:
                             # A half-open connection delivers nothing: probe it,
                             # clearing killed processes' long-expired marks.
-                            with self._deadlines.watch(conn, PROBE_ANSWER_S):
-                                conn.execute(Q["forget_marks"])
+                            self._answered(conn, Q["forget_marks"])
                             last_probe = time.monotonic()
-            except (psycopg.Error, OSError) as exc:
+            except (psycopg.Error, OSError, _Silent) as exc:
                 if self._stop.is_set():
                     break
                 # Once an outage: its failed reconnects are only DEBUG.
                 level = logging.WARNING if backoff == 0.1 else logging.DEBUG
-                log.log(level, "queue listener lost (%s); polling until it reconnects", describe(exc))
+                cause = str(exc) if isinstance(exc, _Silent) else describe(exc)
+                log.log(level, "queue listener lost (%s); polling until it reconnects", cause)
             finally:
                 self._conn = None
                 self.healthy = False
