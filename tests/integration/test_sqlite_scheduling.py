@@ -4,6 +4,8 @@ submission order; fairness rows are pruned; the claim is index lookups only."""
 
 from __future__ import annotations
 
+import random
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ from agentdispatch.handlers import Registry, Turn
 from agentdispatch.lease import LeaseGuard
 from agentdispatch.sqlfiles import queries
 from agentdispatch.stores import schema
+from agentdispatch.transports.base import Delivery
 from backends import Harness, sqlite_harness
 from contract.helpers import wait_until
 
@@ -111,7 +114,7 @@ def test_fair_claim_reads_by_index_only(h: Harness) -> None:
     # The tenant walk is the only scan of a table: the small fairness index, in
     # order (read through a coroutine); each tenant's heads are an index search.
     scans = [p for p in plan if p.startswith("SCAN") and not p.startswith("SCAN (subquery")]
-    assert scans == ["SCAN t USING COVERING INDEX fair_tenants_order"], plan
+    assert scans == ["SCAN t USING COVERING INDEX fair_tenants_open"], plan
     assert any("USING INDEX queue_fair" in p for p in plan), plan
     # Claimed rows and the rows behind the heads are outside the range searched.
     assert any("queue_fair (tenant_ref=? AND priority=? AND hidden=? AND group_served<?)" in p for p in plan), plan
@@ -284,3 +287,213 @@ def test_migration_018_hides_held_rows_and_keeps_heads_enqueued_in_front(
         assert claimed == ["fresh", "front"]
     finally:
         store.close()
+
+
+def test_a_short_claim_does_not_visit_tenants_whose_heads_are_claimed(h: Harness) -> None:
+    d = h.dispatcher()
+    steps = []
+    for tenants in (10, 500):
+        # A fleet of one-conversation customers: each tenant's one head is claimed and held.
+        d.submit_many([Submission(kind="echo", tenant=f"n{tenants}-t{t}", session_id="s") for t in range(tenants)])
+        while h.transport.get("t:0", visibility_s=30.0, wait_s=0.0) is not None:
+            pass
+        steps.append(_short_claim_steps(h))
+    # Fifty times the tenants in flight: the same few index seeks, no walk over them.
+    few, many = steps
+    assert many <= few + 10, steps
+
+
+def _searchable(c: sqlite3.Connection) -> tuple[dict[tuple[int, str], int], dict[tuple[int, str], int]]:
+    """Whether each tenant has a row to search, as the triggers kept it and as its rows say."""
+    kept = {(p, t): n for p, t, n in c.execute("SELECT priority, tenant_ref, searchable FROM dispatch_fair_tenants")}
+    rows = {
+        (p, t): n
+        for p, t, n in c.execute(
+            "SELECT priority, tenant_ref, max(hidden = 0 AND group_served < 9e999) "
+            "FROM agent_dispatch_queue GROUP BY priority, tenant_ref"
+        )
+    }
+    return kept, rows
+
+
+def test_each_change_of_a_row_keeps_its_tenant_count_and_no_tenant_starves(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sql = queries("agentdispatch.backends.sqlite.sql", "queries.sql")
+    now = time.time()
+    monkeypatch.setattr(sqlite_transport, "clock", lambda: now)
+    c = h.store.db
+
+    def check() -> None:
+        with c.tx() as conn:
+            kept, rows = _searchable(conn)
+        assert kept == rows
+
+    def enqueue(job: str, seq: int, session: str, tenant: str, prio: int = 0, later: float = 0.0) -> None:
+        with c.tx() as conn:
+            conn.execute(sql["enqueue"], (job, seq, session, tenant, prio, None, job, now, now + later))
+        check()
+
+    def get(vis: float = 30.0) -> Delivery | None:
+        with c.tx() as conn:
+            got = get_on(conn, "w:0", vis)
+        check()
+        return got
+
+    # Heads, rows behind them, two priorities, a turn for later, a head enqueued in front.
+    enqueue("a1", 1, "sa", "a")
+    enqueue("a2", 2, "sa", "a")
+    enqueue("b1", 3, "sb", "b", prio=5)
+    enqueue("c-later", 4, "sc", "c", later=10.0)
+    enqueue("d2", 6, "sd", "d")
+    enqueue("d1", 5, "sd", "d")
+    # Claims hide the heads and take their tenants out of the walk; a claim
+    # with no visibility leaves its row to search.
+    b1, a1, d1 = get(), get(), get()
+    assert [x.raw if x else None for x in (b1, a1, d1)] == ["b1", "a1", "d1"]
+    assert b1 is not None and a1 is not None and d1 is not None
+    assert get() is None
+    with c.tx() as conn:
+        # Tenant d keeps a row to search (d2, stamped before d1 came in front), so it stays in the walk.
+        walked = conn.execute("SELECT tenant_ref FROM dispatch_fair_tenants WHERE searchable = 1").fetchall()
+        assert [t for (t,) in walked] == ["d"]
+    # An acknowledgement: the next row of the session becomes a head to search.
+    assert h.transport.ack(a1)
+    check()
+    a2 = get(vis=0.0)
+    assert a2 is not None and a2.raw == "a2"
+    assert h.transport.ack(a2)
+    check()
+    # A give-back without and with a delay; the delayed one is searched when it is due.
+    with c.tx() as conn:
+        release_on(conn, b1, 5.0)
+        release_on(conn, d1, 0.0)
+    check()
+    d1 = get()
+    assert d1 is not None and d1.raw == "d1"
+    assert get() is None
+    monkeypatch.setattr(sqlite_transport, "clock", lambda: now + 5.0)
+    b1 = get()
+    assert b1 is not None and b1.raw == "b1"
+    # A lease that ran out: the reaper takes the stamp back, the visibility ends.
+    with c.tx() as conn:
+        conn.execute(sql["unserve"], ("b1",))
+    check()
+    monkeypatch.setattr(sqlite_transport, "clock", lambda: now + 40.0)
+    # The turn enqueued for later and the held claims whose visibility ran out.
+    got = sorted(x.raw for x in iter(get, None))
+    assert got == ["b1", "c-later", "d1"], got
+    # A dead worker's claims given back at once, then rows deleted unclaimed.
+    with c.tx() as conn:
+        conn.execute(sql["release_claims"], {"prefix": "w:", "now": now + 40.0})
+    check()
+    with c.tx() as conn:
+        conn.execute(sql["purge_queue"], {"id": "d1"})
+        conn.execute(sql["purge_queue"], {"id": "b1"})
+    check()
+    assert sorted(x.raw for x in iter(get, None)) == ["c-later", "d2"]
+    with c.tx() as conn:
+        conn.execute("DELETE FROM agent_dispatch_queue")
+        assert conn.execute("SELECT count(*) FROM dispatch_fair_tenants").fetchone()[0] == 0
+
+
+def test_migration_019_counts_each_tenants_rows_to_search(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = "agentdispatch.backends.sqlite.sql"
+    path = tmp_path / "old.sqlite"
+    steps = schema.steps(package)
+    assert [s.version for s in steps][:3] == [17, 18, 19]
+    monkeypatch.setattr(schema, "steps", lambda _package: steps[:2])
+    old = SqliteStore(path)
+    old.migrate()
+    assert old.schema_version() == 18
+    enqueue = queries(package, "queries.sql")["enqueue"]
+    now = time.time()
+    with old.db.tx() as c:
+        for job, seq, session, tenant in (
+            ("held", 1, "s0", "held"),
+            ("behind", 2, "s0", "held"),
+            ("free", 3, "s1", "free"),
+            ("free-2", 4, "s2", "free"),
+        ):
+            c.execute(enqueue, (job, seq, session, tenant, 0, None, job, now, now))
+        # Claimed and held as the old release's claim left it.
+        c.execute(
+            "UPDATE agent_dispatch_queue SET claimed_by = 'dead:0', claimed_at = ?1, visible_at = ?1 + 30, "
+            "deliveries = 1, group_served = ?1, hidden = 1 WHERE job_id = 'held'",
+            (now,),
+        )
+    old.close()
+    monkeypatch.undo()
+    store = SqliteStore(path)
+    try:
+        store.migrate()
+        c = store.db.conn()
+        assert dict(c.execute("SELECT tenant_ref, searchable FROM dispatch_fair_tenants")) == {"held": 0, "free": 1}
+        transport = SqliteTransport(store.db)
+        claimed = [dl.raw for dl in iter(lambda: transport.get("t:0", visibility_s=30.0, wait_s=0.0), None)]
+        assert claimed == ["free", "free-2"]
+        kept, rows = _searchable(c)
+        assert kept == rows
+    finally:
+        store.close()
+
+
+def test_tenant_counts_stay_right_through_random_claims_and_give_backs(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sql = queries("agentdispatch.backends.sqlite.sql", "queries.sql")
+    rng = random.Random(19)
+    clock = [time.time()]
+    monkeypatch.setattr(sqlite_transport, "clock", lambda: clock[0])
+    c = h.store.db
+    held: list[Delivery] = []
+    seq = 0
+    for _ in range(400):
+        op = rng.choice(["enqueue", "enqueue", "get", "get", "ack", "release", "tick", "unserve", "purge", "dead"])
+        with c.tx() as conn:
+            if op == "enqueue":
+                seq += 1
+                later = rng.choice([0.0, 0.0, 2.0])
+                # Sometimes a head enqueued in front of its session (a sequence number already passed).
+                item_seq = seq if rng.random() < 0.9 else rng.randint(1, seq)
+                tenant, session = f"t{rng.randint(0, 5)}", f"s{rng.randint(0, 12)}"
+                row = (f"j{seq}", item_seq, session, tenant, rng.choice([0, 5]), None, f"j{seq}")
+                conn.execute(sql["enqueue"], (*row, clock[0], clock[0] + later))
+            elif op == "get":
+                got = get_on(conn, "w:0", rng.choice([0.0, 3.0, 3.0]))
+                if got is not None:
+                    held.append(got)
+            elif op in ("ack", "release") and held:
+                d = held.pop(rng.randrange(len(held)))
+                if op == "ack":
+                    conn.execute("DELETE FROM agent_dispatch_queue WHERE id = ?", (d.receipt.ref,))
+                else:
+                    release_on(conn, d, rng.choice([0.0, 2.0]))
+            elif op == "tick":
+                clock[0] += 1.0
+            elif op == "unserve" and held:
+                job = conn.execute("SELECT job_id FROM agent_dispatch_queue WHERE id = ?", (held[0].receipt.ref,))
+                for (job_id,) in job:
+                    conn.execute(sql["unserve"], (job_id,))
+            elif op == "purge":
+                conn.execute(sql["purge_queue"], {"id": f"j{rng.randint(1, max(1, seq))}"})
+            elif op == "dead":
+                conn.execute(sql["release_claims"], {"prefix": "w:", "now": clock[0]})
+            kept, rows = _searchable(conn)
+        assert kept == rows, op
+    # Nothing starves: once every visibility has run out, every row is claimed in turn.
+    clock[0] += 60.0
+    left = int(c.conn().execute("SELECT count(*) FROM agent_dispatch_queue").fetchone()[0])
+    assert left > 0
+    claimed = 0
+    while True:
+        with c.tx() as conn:
+            got = get_on(conn, "w:1", 30.0)
+            if got is None:
+                break
+            conn.execute("DELETE FROM agent_dispatch_queue WHERE id = ?", (got.receipt.ref,))
+            kept, rows = _searchable(conn)
+        assert kept == rows
+        claimed += 1
+    assert claimed == left
+    assert c.conn().execute("SELECT count(*) FROM dispatch_fair_tenants").fetchone()[0] == 0

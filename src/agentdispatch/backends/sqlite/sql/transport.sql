@@ -20,6 +20,9 @@ UPDATE agent_dispatch_queue INDEXED BY queue_hidden SET hidden = 0 WHERE hidden 
 -- Each search reads only rows not hidden (see unhide) and, in a tenant, only
 -- stamps below +Inf: the heads (the rows behind them have +Inf); the head
 -- check reads its session's rows up to the head's item_seq, not those behind.
+-- The tenants read are only those with a row to search (searchable, kept by
+-- the triggers of migration 019): a tenant whose heads are all claimed costs
+-- nothing.
 UPDATE agent_dispatch_queue
 SET claimed_by = :owner, claimed_at = :now, visible_at = :now + :vis, deliveries = deliveries + 1,
     group_served = :now, hidden = :vis > 0
@@ -44,7 +47,8 @@ WHERE id = coalesce(
                 ORDER BY q.group_served, coalesce(q.deadline_unix, 9e999), q.item_seq, q.id
                 LIMIT 1
             ) AS pick
-            FROM dispatch_fair_tenants t INDEXED BY fair_tenants_order
+            FROM dispatch_fair_tenants t INDEXED BY fair_tenants_open
+            WHERE t.searchable = 1
             ORDER BY t.priority DESC, t.last_served, t.since
             -- A limit keeps this a coroutine read in order (not flattened into
             -- the outer query, which would run the pick twice per tenant).
