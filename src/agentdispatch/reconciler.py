@@ -63,6 +63,23 @@ def take_over(store: Reapable, transport: Sender, worker_id: str) -> SweepReport
     )
 
 
+def release_at_stop(store: Reapable, transport: Sender, worker_id: str) -> SweepReport:
+    """A worker stopping with turns it gave up (the grace period ran out):
+    their items go back to ready now, as a gone worker's do, instead of
+    reading ``running`` until some worker claims them; a store error leaves
+    them to the next claim or reconciler pass (their leases already ran out)."""
+    try:
+        report = store.reap(worker_id)
+        if report.total:
+            transport.relay(store)
+        return report
+    except Exception as exc:
+        if not recoverable(exc):
+            raise
+        log.warning("giving back the leases of the turns left at stop failed: %s", exc)
+        return SweepReport()
+
+
 def take_over_at_start(store: Reapable, transport: Sender, worker_id: str) -> None:
     """:func:`take_over` for a worker that starts, if it has a name; a store
     error only delays the turns (their leases run out)."""

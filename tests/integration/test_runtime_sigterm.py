@@ -1,17 +1,18 @@
 """SIGTERM with async turns in flight: the worker stops claiming, waits the
 grace period, cancels what is left and releases those leases at once, so
 another worker finishes them without waiting out the TTL; nothing is
-committed falsely."""
+committed falsely, and the turns left read ready again."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
-import time
 from pathlib import Path
 
+import pytest
+
 from agentdispatch import Status, Submission
-from backends import sqlite_harness
+from backends import kafka_harness, postgres_harness, sqlite_harness
 from contract.helpers import wait_until
 from runtimekit import runtime_worker, sink_lines
 
@@ -35,9 +36,9 @@ def test_sigterm_releases_turns_in_flight_to_another_worker(tmp_path: Path) -> N
         _, err = first.communicate(timeout=60)
         assert first.returncode == 0, err.decode()
         assert b"released" in err
-        for job in jobs:  # nothing committed: every turn is still to do
+        for job in jobs:  # nothing committed: every turn is still to do, and reads so
             item = h.store.get(job, "t")
-            assert item.status in (Status.RUNNING, Status.READY) and item.result is None
+            assert item.status is Status.READY and item.result is None
         assert sink_lines(sink, "effect") == []
 
         second = _worker({**env, "RUNTIME_APP_FAST": "1"}, "--grace", "5")
@@ -71,7 +72,43 @@ def test_a_sync_handler_past_the_grace_does_not_hold_the_process(tmp_path: Path)
         assert worker.returncode == 0, err.decode()
         assert b"released" in err and b"Traceback" not in err
         item = h.store.get(job, "t")
-        assert item.result is None and item.lease_expires_at is not None
-        assert item.lease_expires_at <= time.time()  # released: the next claimer need not wait out the TTL
+        # Released: back to ready, so the next claimer need not wait out the TTL.
+        assert item.status is Status.READY and item.result is None and item.lease_expires_at is None
+    finally:
+        h.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres", "kafka"])
+def test_turns_released_at_stop_read_ready_then_run_once(tmp_path: Path, backend: str) -> None:
+    # No other worker runs: only the stopping worker can say its turns are no
+    # longer running (the status view, `jobs --status`, the in-flight gauge).
+    makers = {"sqlite": sqlite_harness, "postgres": postgres_harness, "kafka": kafka_harness}
+    h = makers[backend](tmp_path, claim_ttl_s=280.0, renew_interval_s=5.0)
+    sink = tmp_path / "sink"
+    sink.mkdir()
+    env = {**h.env, "AGENT_DISPATCH_CLAIM_TTL_S": "280", "RUNTIME_SINK_DIR": str(sink)}
+    try:
+        d = h.dispatcher()
+        jobs = [d.submit(Submission(kind="think", tenant="t")).job_id for _ in range(3)]
+        worker = _worker(env, "--grace", "0.5")
+        wait_until(lambda: len(sink_lines(sink, "start")) == len(jobs), timeout=60)
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=60)
+        assert worker.returncode == 0, err.decode()
+        for job in jobs:
+            item = h.store.get(job, "t")
+            assert (item.status, item.reason, item.attempt, item.result) == (Status.READY, "lease_expired", 1, None)
+        assert h.store.workers() == []
+        assert sink_lines(sink, "effect") == []
+
+        # Back in the queue once each (Kafka: the given-back delivery and the
+        # relayed envelope meet one item; one runs it, the other is skipped).
+        second = _worker({**env, "RUNTIME_APP_FAST": "1"}, "--grace", "5")
+        try:
+            wait_until(lambda: all(h.store.get(j, "t").status is Status.SUCCEEDED for j in jobs), timeout=120)
+        finally:
+            second.send_signal(signal.SIGTERM)
+            second.communicate(timeout=60)
+        assert sorted(sink_lines(sink, "effect")) == sorted(jobs)
     finally:
         h.close()

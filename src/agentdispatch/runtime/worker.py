@@ -28,7 +28,7 @@ from ..lease import LeaseGuard
 from ..metrics import Metrics
 from ..observe import TurnObserver
 from ..policy import ConcurrencyLimit
-from ..reconciler import Reconciler, take_over_at_start
+from ..reconciler import Reconciler, release_at_stop, take_over_at_start
 from ..settings import Settings
 from ..stores.base import Store, WorkerRow
 from ..transports.base import Delivery, Transport
@@ -203,6 +203,12 @@ class AsyncWorker:
             handlers.shutdown(wait=False, cancel_futures=True)  # a sync handler past the grace is abandoned
             for ex in (self._io, self._claims, self.ledger.executor):
                 ex.shutdown(wait=True)
+            if self.ended[TurnEnd.RELEASED]:
+                # Their leases ran out at once, but their items still read
+                # running: with no worker left to claim them, operators (and
+                # the depth and in-flight gauges) would see turns nobody runs.
+                with contextlib.suppress(Exception):
+                    release_at_stop(self.store, self.transport, self.worker_id)
             with contextlib.suppress(Exception):  # best effort: the row ages out anyway
                 self.store.remove_worker(self.worker_id)
         return clean
