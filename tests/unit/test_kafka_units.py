@@ -162,6 +162,25 @@ def test_stall_watch_rejoins_only_a_stalled_group_it_holds_nothing_of():
     assert not w.observe(75, stuck, holding=True)
 
 
+def test_stall_watch_counts_a_stall_across_its_rejoins_until_progress():
+    from agentdispatch.backends.kafka.watch import StallWatch
+
+    w = StallWatch(stall_s=10)
+    stuck = {0: (5, 9)}
+    assert not w.observe(0, stuck, holding=False)
+    assert w.stalled_for(0) == 0.0
+    assert not w.observe(4, stuck, holding=False)
+    assert w.stalled_for(4) == 4.0
+    assert w.observe(10, stuck, holding=False)  # a rejoin does not end the stall
+    assert not w.observe(14, stuck, holding=False)
+    assert w.stalled_for(14) == 14.0
+    assert not w.observe(16, stuck, holding=True)  # a partition held here: over
+    assert w.stalled_for(16) == 0.0
+    assert not w.observe(20, stuck, holding=False)
+    assert not w.observe(25, {0: (6, 9)}, holding=False)  # a commit moved: over
+    assert w.stalled_for(25) == 0.0
+
+
 def test_backlog_wait_grows_with_lag_over_rate_and_is_zero_when_unknown():
     from agentdispatch.backends.kafka.watch import Backlog
 

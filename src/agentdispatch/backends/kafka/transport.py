@@ -404,8 +404,16 @@ class KafkaTransport:
         oc = self._consumer(owner)
         store = self._outbox
         # Starved (assigned after an outage, fetching nothing) is bridged
-        # until the stall watch could have rejoined the group.
-        if store is not None and oc.stranded(time.monotonic(), bridge_s=self.stall_s + self._watch_every_s):
+        # until the stall watch could have rejoined the group. A group that
+        # stays stalled across rejoins (a broker that keeps answering every
+        # join with nothing, a member that holds partitions and consumes
+        # nothing) is bridged for as long as it lasts: rejoining alone left
+        # the ready turns waiting for good.
+        now = time.monotonic()
+        if store is not None and (
+            oc.stranded(now, bridge_s=self.stall_s + self._watch_every_s)
+            or (not oc.assigned and self._stall.stalled_for(now) >= self.stall_s)
+        ):
             got = oc.get(visibility_s, 0.0)
             if got is None:
                 try:

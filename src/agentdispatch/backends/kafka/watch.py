@@ -38,6 +38,9 @@ class StallWatch:
         self.stall_s = stall_s
         self._last: Positions | None = None
         self._since: float | None = None
+        # The last probe before the stall began: unlike ``_since``, a rejoin
+        # does not move it (a group that stays stalled across rejoins).
+        self._stalled_after: float | None = None
 
     def observe(self, now: float, positions: Positions, holding: bool) -> bool:
         """One probe; True when the consumers should rejoin now. ``holding``:
@@ -50,11 +53,20 @@ class StallWatch:
         self._last = positions
         if holding or not lagging or moved or self._since is None:
             self._since = now
+            self._stalled_after = None
             return False
+        if self._stalled_after is None:
+            self._stalled_after = self._since
         if now - self._since < self.stall_s:
             return False
         self._since = now  # give the new assignment a whole period to show progress
         return True
+
+    def stalled_for(self, now: float) -> float:
+        """How long this process has held no partition while the group's
+        backlog did not move (0 when it is not stalled)."""
+        after = self._stalled_after
+        return 0.0 if after is None else max(0.0, now - after)
 
 
 class Backlog:
