@@ -120,6 +120,17 @@ def pg(uri: str) -> psycopg.Connection[Any]:
     return psycopg.connect(uri, autocommit=True, connect_timeout=5)
 
 
+def open_turns(sink: Path) -> Counter[int]:
+    """Per worker pid: turns started and not ended, as the sink says."""
+    open_: Counter[int] = Counter()
+    for f in sink.glob("*.log"):
+        for line in f.read_text().splitlines():
+            p = line.split()
+            if p[0] in ("start", "end"):
+                open_[int(p[1])] += 1 if p[0] == "start" else -1
+    return open_
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="chaos-kafka-"))
@@ -253,12 +264,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     while now() - t_start < args.fault_s:
         t = now() - t_start
         if paused is None and t >= stop_at and "stopped" not in faults:
-            paused = fleet.slots[1]
+            # The worker with the most turns open: a pause that holds none
+            # tests nothing. Not the named slot, which the kills revisit.
+            busy = open_turns(sink)
+            paused = max(fleet.slots[1:], key=lambda s: busy[s.proc.pid] if s.proc else -1)
             assert paused.proc is not None
+            if not busy[paused.proc.pid]:
+                if t < stop_at + 10:
+                    paused = None
+                    time.sleep(0.1)
+                    continue
+                note("no worker holds a turn: pausing one anyway")
             paused.proc.send_signal(signal.SIGSTOP)
             faults["stopped"] = paused.proc.pid
             fleet.stopped[paused.proc.pid] = (now(), float("inf"))
-            note(f"SIGSTOP pid {paused.proc.pid} for {3 * ttl} s")
+            cont_at = t + 3 * ttl
+            note(f"SIGSTOP pid {paused.proc.pid} ({busy[paused.proc.pid]} turns open) for {3 * ttl} s")
         if paused is not None and t >= cont_at:
             assert paused.proc is not None
             paused.proc.send_signal(signal.SIGCONT)
