@@ -4,6 +4,7 @@ uses that read; a claim made apart from its get reads the item itself."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
 from agentdispatch.backends.postgres.tx import PostgresTx
@@ -100,3 +101,30 @@ def test_both_workers_hand_the_read_of_the_get_to_the_claim(h: Harness, reads: l
     claimed += h.worker(Registry()).flow.claim("w:1", 1, ttl_s=30.0).claimed
     assert sorted(c.claim.item.id for c in claimed if c.claim.item is not None) == sorted(jobs)
     assert reads == []
+
+
+def test_a_batch_claim_reads_its_items_in_id_order_and_a_repeat_again(h: Harness, reads: list[str]) -> None:
+    """Read in delivery order (a Kafka batch), claims of the same items in
+    other orders deadlocked one another; every batch locks rows in id order."""
+    d = h.dispatcher()
+    ids = [f"job-{c}" for c in "dcab"]
+    d.submit_many([Submission(kind="note", tenant="t1", job_id=j, payload=j) for j in ids])
+    jobs = [(j, "t1") for j in ids] + [("job-c", "t1")]  # a repeated delivery of one item
+    claims = h.store.claim_many(jobs, owner="w:0", ttl_s=30.0)
+    assert reads == ["job-a", "job-b", "job-c", "job-d"]
+    assert [c.kind for c in claims] == [ClaimKind.CLAIMED] * 4 + [ClaimKind.BUSY]
+    assert [c.item.id for c in claims if c.item is not None] == [j for j, _ in jobs]  # in the order asked
+
+
+def test_a_claim_does_not_wait_for_a_session_lock_another_claim_holds(h: Harness) -> None:
+    """Another transaction claiming a turn of the session holds its lock: the
+    read answers at once that the session is busy instead of waiting for it."""
+    d = h.dispatcher()
+    d.submit_many([Submission(kind="note", tenant="t1", session_id="s", job_id=f"j{i}") for i in range(2)])
+    uri = h.env["STATE_DB_URI"]
+    with psycopg.connect(uri) as holder, psycopg.connect(uri, autocommit=True) as other:
+        holder.execute("SELECT * FROM dispatch_item_read('j0', true)").fetchone()  # its transaction stays open
+        other.execute("SET statement_timeout = '3s'")  # waiting for the lock would fail the read
+        row = other.execute("SELECT blocker_status, item FROM dispatch_item_read('j1', true)").fetchone()
+        holder.rollback()
+    assert row is not None and row[0] == "leased" and row[1] is not None

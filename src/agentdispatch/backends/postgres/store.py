@@ -589,14 +589,20 @@ class PostgresStore:
 def _claims(
     tx: PostgresTx, jobs: Sequence[tuple[str, str, dict[str, Any] | None]], owner: str, ttl_s: float
 ) -> list[Claim]:
-    out = []
-    for job_id, tenant, read in jobs:
+    # Items are read (and locked) in id order, as every batch locks its rows,
+    # and the session lock is only tried (024_claim_tries_session_lock.sql):
+    # read in delivery order, claims of the same items deadlocked. A repeated
+    # id is read again by its claim, after the first one's write.
+    read_ids: set[str] = set()
+    for job_id, _tenant, read in sorted(jobs, key=lambda j: j[0]):
+        if job_id in read_ids:
+            continue
+        read_ids.add(job_id)
         if read is None:
             tx.read_item(job_id, session=True)
         else:
             tx.use_read(job_id, read, session=True)
-        out.append(engine.claim(tx, job_id, tenant, owner, ttl_s))
-    return out
+    return [engine.claim(tx, job_id, tenant, owner, ttl_s) for job_id, tenant, _read in jobs]
 
 
 def _renewals(tx: PostgresTx, leases: Sequence[Lease], ttl_s: float) -> list[Lease | LeaseLost]:
