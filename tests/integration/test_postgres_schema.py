@@ -34,8 +34,9 @@ EXPECTED: dict[str, list[str]] = {
     "poison_envelopes": ["digest", "raw", "reason", "created_at"],
     "dispatch_workers": [
         "worker_id", "host", "capacity", "active_sessions", "queue_backend", "started_at", "last_heartbeat",
-        "process",
+        "process", "counters",
     ],
+    "dispatch_fleet_counters": ["name", "value"],
     "agent_dispatch_queue": [
         "id", "job_id", "item_seq", "session_ref", "tenant_ref", "group_ref", "priority", "deadline_unix",
         "envelope", "enqueued_at", "visible_at", "claimed_by", "claimed_at", "deliveries",

@@ -9,7 +9,7 @@ relay publishes from (``outbox_take`` / ``outbox_done``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
@@ -198,6 +198,9 @@ class WorkerRow:
     last_heartbeat: float = 0.0
     #: The OS process (:func:`agentdispatch.fleet.process_label`); empty: unknown.
     process: str = ""
+    #: The worker's cumulative per-process counts, by series key
+    #: (:meth:`agentdispatch.metrics.Metrics.published`), zeros left out.
+    counters: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -417,11 +420,18 @@ class Fleet(Protocol):
     def workers(self, *, max_age_s: float = 90.0) -> list[WorkerRow]:
         """Live workers (heartbeat newer than ``max_age_s``)."""
 
-    def remove_worker(self, worker_id: str) -> None:
-        """Delete a worker's row at clean shutdown."""
+    def remove_worker(self, worker_id: str, counters: Mapping[str, float] | None = None) -> None:
+        """Delete a worker's row at clean shutdown. Its counts (``counters``,
+        the worker's final ones, when given and the row is still there; else
+        the row's last published ones) go into the fleet's in the same
+        transaction, as at every deletion of a row (a reaped worker's too)."""
 
     def fleet_counts(self) -> list[TenantCount]:
         """Open and dead-lettered items per tenant and status (every tenant)."""
+
+    def fleet_counters(self) -> dict[str, float]:
+        """The fleet's counts by series key: those of removed workers plus
+        every row's (live or not), read in one snapshot, so no key goes down."""
 
 
 @runtime_checkable

@@ -94,7 +94,7 @@ class Tx(Protocol):
         """Held items whose lease owner starts with ``owner_prefix`` (locked)."""
 
     def forget_worker(self, worker_id: str) -> None:
-        """Delete a worker's heartbeat row."""
+        """Delete a worker's heartbeat row, its counts added into the fleet's."""
 
     def release_claims(self, owner_prefix: str, now: float) -> None:
         """Make the queue rows claimed by owners starting with ``owner_prefix``

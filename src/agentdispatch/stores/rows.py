@@ -148,6 +148,7 @@ def worker_from_row(row: Mapping[str, Any]) -> WorkerRow:
         started_at=float(row["started_at"]),
         last_heartbeat=float(row["last_heartbeat"]),
         process=row["process"],
+        counters=json.loads(row["counters"]),
     )
 
 

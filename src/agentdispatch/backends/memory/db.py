@@ -55,6 +55,8 @@ class Tables:
     effects: dict[tuple[str, str], tuple[Effect, float]] = field(default_factory=dict)
     poison: dict[str, dict[str, Any]] = field(default_factory=dict)
     workers: dict[str, WorkerRow] = field(default_factory=dict)
+    #: The counts of removed workers (``dispatch_fleet_counters``).
+    fleet_counters: dict[str, float] = field(default_factory=dict)
     #: token id -> (hash, tenant, label, revoked)
     tokens: dict[str, tuple[str, str, str, bool]] = field(default_factory=dict)
     schedules: dict[tuple[str, str], Schedule] = field(default_factory=dict)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -326,6 +326,7 @@ class MemoryStore:
                 base.started_at,
                 self.db.now(),
                 base.process,
+                dict(row.counters),
             )
 
     def workers(self, *, max_age_s: float = 90.0) -> list[WorkerRow]:
@@ -334,9 +335,17 @@ class MemoryStore:
             rows = [w for w in t.workers.values() if w.last_heartbeat >= since]
         return sorted(rows, key=lambda w: (w.started_at, w.worker_id))
 
-    def remove_worker(self, worker_id: str) -> None:
+    def remove_worker(self, worker_id: str, counters: Mapping[str, float] | None = None) -> None:
         with self.db.tx() as t:
-            t.workers.pop(worker_id, None)
+            MemoryTx(t, self.db.now()).forget_worker(worker_id, counters)
+
+    def fleet_counters(self) -> dict[str, float]:
+        with self.db.read() as t:
+            out = dict(t.fleet_counters)
+            for row in t.workers.values():
+                for key, value in row.counters.items():
+                    out[key] = out.get(key, 0.0) + value
+        return out
 
     def token_create(self, token_id: str, token_hash: str, tenant: str, label: str) -> None:
         with self.db.tx() as t:

@@ -5,7 +5,7 @@ in-memory database: each SQL query of the database stores as a scan of a dict
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from ... import workitem as wi
@@ -131,8 +131,14 @@ class MemoryTx:
             if row.claimed_by is not None and row.claimed_by.startswith(owner_prefix):
                 self.t.queue[key] = replace(row, visible_at=now, claimed_by=None, claimed_at=None)
 
-    def forget_worker(self, worker_id: str) -> None:
-        self.t.workers.pop(worker_id, None)
+    def forget_worker(self, worker_id: str, counters: Mapping[str, float] | None = None) -> None:
+        row = self.t.workers.pop(worker_id, None)
+        if row is None:
+            return
+        folded = dict(self.t.fleet_counters)
+        for key, value in (row.counters if counters is None else counters).items():
+            folded[key] = folded.get(key, 0.0) + value
+        self.t.fleet_counters = folded
 
     def held_suspects(self, owner_prefix: str) -> list[tuple[str, int, int]]:
         return [

@@ -14,7 +14,7 @@ import json
 import math
 import secrets
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from typing import Any, TypeVar
 
@@ -507,6 +507,7 @@ class PostgresStore:
             row.queue_backend,
             row.started_at,
             row.process,
+            json.dumps(dict(row.counters)),
         )
         self.db.run(lambda c: c.execute(Q["heartbeat"], params), idempotent=True)
 
@@ -514,8 +515,14 @@ class PostgresStore:
         rows = self.db.read(lambda c: c.execute(Q["workers"], {"max_age": max_age_s}).fetchall())
         return [worker_from_row(r) for r in rows]
 
-    def remove_worker(self, worker_id: str) -> None:
-        self.db.run(lambda c: c.execute(Q["remove_worker"], {"id": worker_id}), idempotent=True)
+    def remove_worker(self, worker_id: str, counters: Mapping[str, float] | None = None) -> None:
+        # Idempotent: a retry after a commit whose answer was lost finds no row.
+        params = {"id": worker_id, "final": None if counters is None else json.dumps(dict(counters))}
+        self.db.run(lambda c: c.execute(Q["remove_worker"], params), idempotent=True)
+
+    def fleet_counters(self) -> dict[str, float]:
+        rows = self.db.read(lambda c: c.execute(Q["fleet_counters"]).fetchall())
+        return {r["name"]: float(r["value"]) for r in rows}
 
     def token_create(self, token_id: str, token_hash: str, tenant: str, label: str) -> None:
         def op(tx: PostgresTx) -> None:

@@ -492,7 +492,7 @@ class PostgresTx:
         self.c.execute(Q["release_claims"], {"prefix": owner_prefix, "now": now})
 
     def forget_worker(self, worker_id: str) -> None:
-        self.c.execute(Q["remove_worker"], {"id": worker_id})
+        self.c.execute(Q["remove_worker"], {"id": worker_id, "final": None})
 
     def held_suspects(self, owner_prefix: str) -> list[tuple[str, int, int]]:
         rows = self._all(Q["held_suspects"], {"prefix": owner_prefix})

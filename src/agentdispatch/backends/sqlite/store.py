@@ -7,7 +7,7 @@ import json
 import secrets
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -238,8 +238,10 @@ class SqliteTx:
     def release_claims(self, owner_prefix: str, now: float) -> None:
         self._write(Q["release_claims"], {"prefix": owner_prefix, "now": now})
 
-    def forget_worker(self, worker_id: str) -> None:
-        self._write(Q["remove_worker"], (worker_id,))
+    def forget_worker(self, worker_id: str, counters: Mapping[str, float] | None = None) -> None:
+        final = None if counters is None else json.dumps(dict(counters))
+        self._write(Q["fold_worker"], {"id": worker_id, "final": final})
+        self._write(Q["remove_worker"], {"id": worker_id})
 
     def held_suspects(self, owner_prefix: str) -> list[tuple[str, int, int]]:
         rows = self._read(Q["held_suspects"], {"prefix": owner_prefix})
@@ -585,6 +587,7 @@ class SqliteStore:
                     row.started_at,
                     tx.now(),
                     row.process,
+                    json.dumps(dict(row.counters)),
                 ),
             )
 
@@ -592,9 +595,12 @@ class SqliteStore:
         rows = self.db.conn().execute(Q["workers"], (self.db.now() - max_age_s,))
         return [worker_from_row(r) for r in rows]
 
-    def remove_worker(self, worker_id: str) -> None:
+    def remove_worker(self, worker_id: str, counters: Mapping[str, float] | None = None) -> None:
         with self._tx() as tx:
-            tx.c.execute(Q["remove_worker"], (worker_id,))
+            tx.forget_worker(worker_id, counters)
+
+    def fleet_counters(self) -> dict[str, float]:
+        return {r["name"]: float(r["value"]) for r in self.db.conn().execute(Q["fleet_counters"])}
 
     def token_create(self, token_id: str, token_hash: str, tenant: str, label: str) -> None:
         with self._tx(durable=True) as tx:

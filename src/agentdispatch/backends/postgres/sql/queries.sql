@@ -358,11 +358,11 @@ SELECT digest, raw, reason, created_at FROM poison_envelopes ORDER BY created_at
 
 -- name: heartbeat
 INSERT INTO dispatch_workers (
-    worker_id, host, capacity, active_sessions, queue_backend, started_at, last_heartbeat, process
-) VALUES (%s, %s, %s, %s, %s, %s, extract(epoch FROM clock_timestamp())::float8, %s)
+    worker_id, host, capacity, active_sessions, queue_backend, started_at, last_heartbeat, process, counters
+) VALUES (%s, %s, %s, %s, %s, %s, extract(epoch FROM clock_timestamp())::float8, %s, %s)
 ON CONFLICT (worker_id) DO UPDATE SET
     capacity = excluded.capacity, active_sessions = excluded.active_sessions,
-    last_heartbeat = excluded.last_heartbeat
+    last_heartbeat = excluded.last_heartbeat, counters = excluded.counters
 
 -- name: workers
 SELECT * FROM dispatch_workers
@@ -370,7 +370,24 @@ WHERE last_heartbeat >= extract(epoch FROM clock_timestamp())::float8 - %(max_ag
 ORDER BY started_at, worker_id
 
 -- name: remove_worker
-DELETE FROM dispatch_workers WHERE worker_id = %(id)s
+-- The row's counts (or the worker's final ones, given at a clean stop) go
+-- into the fleet's, in the statement that deletes the row: a second removal
+-- waits for the first and then finds no row, so nothing is added twice.
+-- Keys in order: two removals lock the counter rows in the same order.
+WITH gone AS (DELETE FROM dispatch_workers WHERE worker_id = %(id)s RETURNING counters)
+INSERT INTO dispatch_fleet_counters (name, value)
+SELECT c.key, c.value::float8 FROM gone, jsonb_each_text(coalesce(%(final)s, gone.counters)::jsonb) c
+ORDER BY c.key
+ON CONFLICT (name) DO UPDATE SET value = dispatch_fleet_counters.value + excluded.value
+
+-- name: fleet_counters
+-- One statement, one snapshot: a row removed between two reads would be
+-- counted twice, then once (a counter going down).
+SELECT name, sum(value) AS value FROM (
+    SELECT name, value FROM dispatch_fleet_counters
+    UNION ALL
+    SELECT c.key, c.value::float8 FROM dispatch_workers w, jsonb_each_text(w.counters::jsonb) c
+) t GROUP BY name
 
 -- name: outbox_take
 SELECT id, envelope, item_seq FROM agent_dispatch_queue ORDER BY id LIMIT %(limit)s

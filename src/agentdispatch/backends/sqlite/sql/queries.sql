@@ -219,17 +219,34 @@ SELECT digest, raw, reason, created_at FROM poison_envelopes ORDER BY created_at
 
 -- name: heartbeat
 INSERT INTO dispatch_workers (
-    worker_id, host, capacity, active_sessions, queue_backend, started_at, last_heartbeat, process
-) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+    worker_id, host, capacity, active_sessions, queue_backend, started_at, last_heartbeat, process, counters
+) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (worker_id) DO UPDATE SET
     capacity = excluded.capacity, active_sessions = excluded.active_sessions,
-    last_heartbeat = excluded.last_heartbeat
+    last_heartbeat = excluded.last_heartbeat, counters = excluded.counters
 
 -- name: workers
 SELECT * FROM dispatch_workers WHERE last_heartbeat >= ? ORDER BY started_at, worker_id
 
+-- name: fold_worker
+-- Before remove_worker, in its transaction: the row's counts (or the
+-- worker's final ones, given at a clean stop) go into the fleet's.
+INSERT INTO dispatch_fleet_counters (name, value)
+SELECT c.key, c.value FROM dispatch_workers w, json_each(coalesce(:final, w.counters)) c
+WHERE w.worker_id = :id
+ON CONFLICT (name) DO UPDATE SET value = dispatch_fleet_counters.value + excluded.value
+
 -- name: remove_worker
-DELETE FROM dispatch_workers WHERE worker_id = ?
+DELETE FROM dispatch_workers WHERE worker_id = :id
+
+-- name: fleet_counters
+-- One statement, one snapshot: a row removed between two reads would be
+-- counted twice, then once (a counter going down).
+SELECT name, sum(value) AS value FROM (
+    SELECT name, value FROM dispatch_fleet_counters
+    UNION ALL
+    SELECT c.key, c.value FROM dispatch_workers w, json_each(w.counters) c
+) GROUP BY name
 
 -- name: outbox_take
 SELECT id, envelope, item_seq FROM agent_dispatch_queue ORDER BY id LIMIT ?
