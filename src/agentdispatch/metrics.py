@@ -8,6 +8,10 @@ Two kinds, so that every scrape tells the same truth:
 * :class:`FleetCollector`: the state of the whole fleet (depth, live workers,
   dead letters, turns in flight), read from the store at scrape time, so the
   gateway's ``/metrics`` and any worker's ``--metrics-port`` agree.
+
+Each worker also publishes the cumulative values of its turn series in its
+heartbeat row (:meth:`Metrics.published`), which the store keeps in a fleet
+total when the row goes.
 """
 
 from __future__ import annotations
@@ -52,6 +56,9 @@ RUN_RESULTS = ("ok", "error", "timeout", "lost")
 #: Per-process series a gateway serves (the rest only mean something in a worker).
 GATEWAY_SERIES = frozenset({PREFIX + "intake_backlog_full"})
 
+TIME_IN_QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 1800)
+ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 7, 10, 20)
+
 
 class Metrics:
     """The per-process series, registered on a private registry."""
@@ -71,14 +78,9 @@ class Metrics:
             registry=r,
         )
         self.time_in_queue = Histogram(
-            PREFIX + "time_in_queue_seconds",
-            "Enqueue to claim",
-            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 1800),
-            registry=r,
+            PREFIX + "time_in_queue_seconds", "Enqueue to claim", buckets=TIME_IN_QUEUE_BUCKETS, registry=r
         )
-        self.attempts = Histogram(
-            PREFIX + "attempts", "Attempt number at claim", buckets=(1, 2, 3, 4, 5, 7, 10, 20), registry=r
-        )
+        self.attempts = Histogram(PREFIX + "attempts", "Attempt number at claim", buckets=ATTEMPT_BUCKETS, registry=r)
         self.commit_batch = Histogram(
             PREFIX + "commit_batch_turns",
             "Turns committed by one worker commit transaction",
@@ -122,6 +124,26 @@ class Metrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of this process's series."""
         return generate_latest(self.registry)
+
+    def published(self) -> dict[str, float]:
+        """What a worker writes into its heartbeat row: the cumulative values
+        of the series the gateway sums over the fleet, by :func:`series_key`
+        (zeros left out: a key that is missing reads 0)."""
+        out: dict[str, float] = {}
+        for metric in (self.turns, self.redeliveries, self.lease_failures, self.time_in_queue, self.attempts):
+            for family in metric.collect():
+                for sample in family.samples:
+                    if sample.value and not sample.name.endswith("_created"):
+                        label = sample.labels.get("outcome", sample.labels.get("le"))
+                        out[series_key(sample.name, label)] = sample.value
+        return out
+
+
+def series_key(name: str, label: str | None = None) -> str:
+    """A sample's key in the published counts: its name without the prefix,
+    and the value of its one label (``outcome`` or ``le``) after a colon."""
+    short = name.removeprefix(PREFIX)
+    return short if label is None else f"{short}:{label}"
 
 
 #: Seconds a scrape waits for the transport's depth: a Kafka broker that is

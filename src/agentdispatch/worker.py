@@ -83,6 +83,8 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._started_at = time.time()
         self._beat_deferred = False
+        #: Set at stop, once the row is gone (no beat writes it again).
+        self._removed = False
         self.backpressure = Backpressure()
         self.renewer = Renewer()
         # Per claim thread: turns claimed in the transaction that committed the
@@ -127,8 +129,11 @@ class Worker:
         self.renewer.close()
         # Best effort: the row ages out anyway, and a broken store must not
         # turn a clean stop into a crash (nor hide the fatal error's status).
-        with contextlib.suppress(Exception):
-            self.store.remove_worker(self.worker_id)
+        # No beat after it: a row written again would count its turns twice
+        # in the fleet's counters (a claim thread past the grace still beats).
+        with self._beat_lock, contextlib.suppress(Exception):
+            self._removed = True
+            self.store.remove_worker(self.worker_id, self.metrics.published())
         return clean
 
     def run_forever(self) -> bool:
@@ -156,6 +161,8 @@ class Worker:
         # would otherwise write their snapshots in either order, and an older
         # one left in the store hides a started session until the next beat.
         with self._beat_lock:
+            if self._removed:
+                return
             with self._lock:
                 sessions = tuple(sorted(set(self._state.active.values())))
             self._write_beat(sessions)
@@ -171,6 +178,7 @@ class Worker:
                     queue_backend=self.transport.name,
                     started_at=self._started_at,
                     process=process_label(),
+                    counters=self.metrics.published(),
                 )
             )
         except Exception as exc:  # the heartbeat thread must outlive a store error
@@ -425,6 +433,7 @@ class Worker:
             if label == "fenced":
                 self.metrics.lease_failures.inc()
             self._count(label)
+        self._beat()  # the fleet's turn counters (gateway) within a second
         return labels[-1]
 
     def _fenced(self, delivery: Delivery) -> str:

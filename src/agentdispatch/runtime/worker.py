@@ -207,10 +207,14 @@ class AsyncWorker:
                 # Their leases ran out at once, but their items still read
                 # running: with no worker left to claim them, operators (and
                 # the depth and in-flight gauges) would see turns nobody runs.
+                # The row goes with them: it first gets the final counts.
+                with contextlib.suppress(Exception):
+                    self._write_beat([])
                 with contextlib.suppress(Exception):
                     release_at_stop(self.store, self.transport, self.worker_id)
             with contextlib.suppress(Exception):  # best effort: the row ages out anyway
-                self.store.remove_worker(self.worker_id)
+                # With the final counts: the fleet's then count every turn.
+                self.store.remove_worker(self.worker_id, self.metrics.published())
         return clean
 
     async def _off(self, executor: Executor, fn: Callable[..., T], *args: Any) -> T:
@@ -506,6 +510,7 @@ class AsyncWorker:
                 self.observe.ended(d.lease.job_id, end.value)
                 if end is TurnEnd.FENCED:
                     self.metrics.lease_failures.inc()
+            self._beat_soon()  # the fleet's turn counters (gateway) within a second
 
     def _finish(self, done: list[Finished]) -> list[TurnEnd]:
         ends, _ = self.flow.finish(done)
@@ -602,8 +607,9 @@ class AsyncWorker:
 
     # -- heartbeat ----------------------------------------------------------------
     def _beat_soon(self) -> None:
-        """New sessions: a heartbeat now, or one second after the last one
-        (deferred, never dropped), so the fleet view shows them within 1 s."""
+        """New sessions or ended turns: a heartbeat now, or one second after
+        the last one (deferred, never dropped), so the fleet view and the
+        fleet's turn counters show them within 1 s."""
         if self._beat_queued or self._loop is None:
             return
         self._beat_queued = True
@@ -638,6 +644,7 @@ class AsyncWorker:
                     queue_backend=self.transport.name,
                     started_at=self._started_at,
                     process=process_label(),
+                    counters=self.metrics.published(),
                 )
             )
         except Exception as exc:
