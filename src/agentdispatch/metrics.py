@@ -9,20 +9,22 @@ Two kinds, so that every scrape tells the same truth:
   dead letters, turns in flight), read from the store at scrape time, so the
   gateway's ``/metrics`` and any worker's ``--metrics-port`` agree.
 
-Each worker also publishes the cumulative values of its turn series in its
-heartbeat row (:meth:`Metrics.published`), which the store keeps in a fleet
-total when the row goes.
+The gateway also serves the fleet's sum of some per-process series (turns by
+outcome, redeliveries, lease failures, time in queue, attempts) under the same
+names with ``scope="fleet"``: each worker publishes its counts in its heartbeat
+row (:meth:`Metrics.published`), and the store adds a removed row's last
+counts into a fleet total in the transaction that removes it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from .fleet import LIVE_FOR_S
@@ -58,6 +60,10 @@ GATEWAY_SERIES = frozenset({PREFIX + "intake_backlog_full"})
 
 TIME_IN_QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 60, 300, 1800)
 ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 7, 10, 20)
+
+#: The label the gateway's fleet-wide sums carry (workers' own series have
+#: none), so that a query picks one kind and never adds both.
+SCOPE = "fleet"
 
 
 class Metrics:
@@ -146,6 +152,43 @@ def series_key(name: str, label: str | None = None) -> str:
     return short if label is None else f"{short}:{label}"
 
 
+def fleet_families(totals: Mapping[str, float]) -> Iterator[Metric]:
+    """The fleet's sums of the published series (:meth:`Metrics.published`),
+    labelled ``scope="fleet"``; a key no worker published reads 0."""
+    turns = CounterMetricFamily(
+        PREFIX + "turns", "Processed turns by outcome, every worker (scope=fleet)", labels=["outcome", "scope"]
+    )
+    for outcome in OUTCOMES:
+        turns.add_metric([outcome, SCOPE], totals.get(series_key(PREFIX + "turns_total", outcome), 0.0))
+    yield turns
+    counters = (("redeliveries", "Deliveries after the first"), ("lease_failures", "Renewals or commits refused"))
+    for name, doc in counters:
+        family = CounterMetricFamily(PREFIX + name, f"{doc}, every worker (scope=fleet)", labels=["scope"])
+        family.add_metric([SCOPE], totals.get(series_key(PREFIX + name + "_total"), 0.0))
+        yield family
+    for name, doc, bounds in (
+        ("time_in_queue_seconds", "Enqueue to claim", TIME_IN_QUEUE_BUCKETS),
+        ("attempts", "Attempt number at claim", ATTEMPT_BUCKETS),
+    ):
+        yield _fleet_histogram(name, f"{doc}, every worker (scope=fleet)", bounds, totals)
+
+
+def _fleet_histogram(name: str, doc: str, bounds: Iterable[float], totals: Mapping[str, float]) -> Metric:
+    count = totals.get(series_key(PREFIX + name + "_count"), 0.0)
+    buckets: list[tuple[str, float]] = []
+    below = 0.0
+    for bound in bounds:
+        # Running maximum, capped by the count: rows of a release with other
+        # bounds (which lack some keys) still give cumulative buckets.
+        le = repr(float(bound))  # as prometheus_client writes these bounds
+        below = min(count, max(below, totals.get(series_key(PREFIX + name + "_bucket", le), 0.0)))
+        buckets.append((le, below))
+    buckets.append(("+Inf", count))
+    family = HistogramMetricFamily(PREFIX + name, doc, labels=["scope"])
+    family.add_metric([SCOPE], buckets, sum_value=totals.get(series_key(PREFIX + name + "_sum"), 0.0))
+    return family
+
+
 #: Seconds a scrape waits for the transport's depth: a Kafka broker that is
 #: down holds the read for the client's own timeout, past Prometheus' default
 #: 10 s scrape timeout, and the whole scrape would be lost with it.
@@ -156,21 +199,25 @@ class FleetCollector:
     """Fleet gauges read from the store and transport at scrape time.
 
     ``tenant`` limits the per-tenant series to one tenant (a tenant's token);
-    None shows every tenant (the operator). A store that cannot be read gives
-    ``store_up 0`` and no fleet series instead of a failed scrape; a transport
-    that does not tell its depth within :data:`DEPTH_TIMEOUT_S` gives
-    ``transport_up 0`` and no depth, and the store's series stay."""
+    None shows every tenant (the operator). ``counters`` adds the fleet's sums
+    of the workers' turn series (:func:`fleet_families`: the gateway's
+    operator scrape). A store that cannot be read gives ``store_up 0`` and no
+    fleet series instead of a failed scrape; a transport that does not tell
+    its depth within :data:`DEPTH_TIMEOUT_S` gives ``transport_up 0`` and no
+    depth, and the store's series stay."""
 
     def __init__(
         self,
         backends: Callable[[], tuple[Fleet, Transport]],
         *,
         tenant: str | None = None,
+        counters: bool = False,
         clock: Callable[[], float] = time.time,
         depth: Probe[int] | None = None,
     ) -> None:
         self.backends = backends
         self.tenant = tenant
+        self.counters = counters
         self.clock = clock
         #: Shared by the scrapes of one transport (a collector per scrape passes it).
         self._depth: Probe[int] = depth if depth is not None else Probe("depth")
@@ -229,6 +276,8 @@ class FleetCollector:
             dead.add_metric([tenant], n_dead)
             oldest.add_metric([tenant], max(0.0, now - stamp) if n_dead else 0.0)
         yield from (workers, capacity, tenant_depth, in_flight, dead, oldest)
+        if self.counters:
+            yield from fleet_families(store.fleet_counters())
         if isinstance(store, Horizon):
             held = store.oldest_snapshot()
             xmin = GaugeMetricFamily(

@@ -9,6 +9,7 @@ import sys
 
 from agentdispatch import Submission
 from agentdispatch.fleet import process_label
+from agentdispatch.metrics import FleetCollector, Metrics
 from agentdispatch.reconciler import reap_dead_workers
 from agentdispatch.stores.base import ClaimKind, WorkerRow
 
@@ -69,3 +70,37 @@ def test_a_reaped_workers_last_counts_stay_in_the_fleet(harness):
     assert report.reclaimed == 1
     assert [w.worker_id for w in harness.store.workers()] == ["w-live"]
     assert harness.store.fleet_counters() == {"turns_total:completed": 3, "redeliveries_total": 1}
+
+
+def test_the_gateway_families_sum_what_workers_published(harness):
+    one, two = Metrics(), Metrics()
+    one.turns.labels(outcome="completed").inc(2)
+    one.time_in_queue.observe(0.003)
+    one.attempts.observe(1)
+    two.turns.labels(outcome="poison").inc()
+    two.time_in_queue.observe(7)
+    two.attempts.observe(3)
+    two.redeliveries.inc()
+    two.lease_failures.inc(2)
+    harness.store.heartbeat(_row("w-1", one.published()))
+    harness.store.heartbeat(_row("w-2", two.published()))
+    harness.store.remove_worker("w-2", two.published())
+
+    operator = FleetCollector(lambda: (harness.store, harness.transport), counters=True)
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in operator.collect() for s in f.samples}
+    fleet = (("scope", "fleet"),)
+    assert got[("agent_utilities_dispatch_turns_total", (("outcome", "completed"), *fleet))] == 2
+    assert got[("agent_utilities_dispatch_turns_total", (("outcome", "poison"), *fleet))] == 1
+    assert got[("agent_utilities_dispatch_turns_total", (("outcome", "fenced"), *fleet))] == 0
+    assert got[("agent_utilities_dispatch_redeliveries_total", fleet)] == 1
+    assert got[("agent_utilities_dispatch_lease_failures_total", fleet)] == 2
+    assert got[("agent_utilities_dispatch_time_in_queue_seconds_count", fleet)] == 2
+    assert got[("agent_utilities_dispatch_time_in_queue_seconds_sum", fleet)] == 7.003
+    assert got[("agent_utilities_dispatch_time_in_queue_seconds_bucket", (("le", "0.005"), *fleet))] == 1
+    assert got[("agent_utilities_dispatch_time_in_queue_seconds_bucket", (("le", "10.0"), *fleet))] == 2
+    assert got[("agent_utilities_dispatch_attempts_bucket", (("le", "1.0"), *fleet))] == 1
+    assert got[("agent_utilities_dispatch_attempts_bucket", (("le", "3.0"), *fleet))] == 2
+    assert got[("agent_utilities_dispatch_attempts_sum", fleet)] == 4
+    # Without counters=True (a worker's port, a tenant's scrape) none of them.
+    plain = FleetCollector(lambda: (harness.store, harness.transport))
+    assert not [f for f in plain.collect() if f.name.endswith(("turns", "attempts", "redeliveries"))]

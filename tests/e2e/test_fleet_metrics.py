@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -136,8 +137,23 @@ def test_turn_counters_come_from_the_worker_that_ran_them(fleet: tuple[Gateway, 
     assert worker[("agent_utilities_dispatch_runs_total", (("kind", "boom"), ("result", "error")))] == 2
     assert worker[("agent_utilities_dispatch_run_duration_seconds_count", (("kind", "ok"),))] == 6
     assert worker[("agent_utilities_dispatch_time_in_queue_seconds_count", ())] == 8
-    # The gateway runs no turns: it serves no turn counters that would read 0.
-    assert "agent_utilities_dispatch_turns_total" not in names(scrape_gateway(gw, METRICS_TOKEN).text)
+    # The worker's own series carry no scope; the gateway serves the fleet's
+    # sums (here this one worker's counts) only with scope="fleet", so a
+    # query picks one kind and never adds both (test_fleet_counters).
+    assert not [k for k in worker if dict(k[1]).get("scope")]
+    fleet = (("scope", "fleet"),)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the worker publishes within a second or so
+        gateway = samples(scrape_gateway(gw, METRICS_TOKEN).text)
+        if gateway[("agent_utilities_dispatch_time_in_queue_seconds_count", fleet)] == 8:
+            break
+        time.sleep(0.2)
+    assert gateway[("agent_utilities_dispatch_turns_total", (("outcome", "completed"), *fleet))] == 6
+    assert gateway[("agent_utilities_dispatch_turns_total", (("outcome", "dead_letter"), *fleet))] == 2
+    assert gateway[("agent_utilities_dispatch_time_in_queue_seconds_count", fleet)] == 8
+    assert not [k for k in gateway if k[0] == "agent_utilities_dispatch_turns_total" and ("scope", "fleet") not in k[1]]
+    # Handler runs by kind stay the workers' own.
+    assert "agent_utilities_dispatch_runs_total" not in names(scrape_gateway(gw, METRICS_TOKEN).text)
 
 
 def test_a_tenant_token_sees_its_tenant_and_the_operator_every_tenant(
@@ -181,5 +197,13 @@ def test_every_dashboard_query_names_a_series_that_exists(fleet: tuple[Gateway, 
     used = {m for e in exprs for m in re.findall(r"agent_utilities_dispatch_[a-z_]+", e)}
     assert len(used) >= 15
     assert used <= existing, used - existing
+    # A series both kinds of target serve (the gateway's with scope="fleet")
+    # is queried with a scope, so that no panel adds a worker's to the fleet's.
+    scraped = samples(scrape_gateway(gw, METRICS_TOKEN).text)
+    fleet = {name for name, labels in scraped if ("scope", "fleet") in labels}
+    assert {"agent_utilities_dispatch_turns_total", "agent_utilities_dispatch_attempts_bucket"} <= fleet
+    for e in exprs:
+        if set(re.findall(r"agent_utilities_dispatch_[a-z_]+", e)) & fleet:
+            assert 'scope="fleet"' in e or 'scope!="fleet"' in e, e
     for panel in dashboard["panels"]:
         assert panel["datasource"]["uid"] == "${datasource}", panel["title"]

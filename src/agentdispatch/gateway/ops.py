@@ -90,9 +90,13 @@ _DEPTHS: "weakref.WeakKeyDictionary[Any, Probe[int]]" = weakref.WeakKeyDictionar
 
 
 def scrape(services: Services, tenant: str | None) -> bytes:
-    """The gateway's exposition: fleet gauges read now, plus its own series."""
+    """The gateway's exposition: fleet gauges read now, plus its own series.
+    The fleet's turn counters are the operator's only: they are not per tenant,
+    and a tenant would read every other tenant's traffic from them."""
     depth = _DEPTHS.setdefault(services.transport, Probe("depth"))
-    fleet = FleetCollector(lambda: (services.store, services.transport), tenant=tenant, depth=depth)
+    fleet = FleetCollector(
+        lambda: (services.store, services.transport), tenant=tenant, counters=tenant is None, depth=depth
+    )
     return Exposition(services.metrics.registry, fleet, only=GATEWAY_SERIES).render()
 
 
