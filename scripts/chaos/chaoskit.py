@@ -131,6 +131,7 @@ class Rig:
     def start(self, backend_env: dict[str, str], effects: Callable[[int, int], int]) -> None:
         """Migrate, start the gateway and the fleet, and submit in the
         background: turn r of session n sends effects(n, r) effects."""
+        self.effects = effects
         args = self.args
         settings_env = {
             "STATE_DB_URI": self.uri,
@@ -317,7 +318,13 @@ class Rig:
         )  # fmt: skip
         (self.work / "dlq.json").write_text(self.dlq.stdout)
         return analyse(
-            self.uri, self.sink, self.fleet, self.accepted, self.t_start, dlq_without_reason=dlq_without_reason
+            self.uri,
+            self.sink,
+            self.fleet,
+            self.accepted,
+            self.t_start,
+            effects=self.effects,
+            dlq_without_reason=dlq_without_reason,
         )
 
     def facts(self, **extra: Any) -> dict[str, Any]:
@@ -355,7 +362,14 @@ class Audit:
 
 
 def analyse(
-    uri: str, sink: Path, fleet: Fleet, accepted: dict[str, str], t_start: float, *, dlq_without_reason: bool = False
+    uri: str,
+    sink: Path,
+    fleet: Fleet,
+    accepted: dict[str, str],
+    t_start: float,
+    *,
+    effects: Callable[[int, int], int],
+    dlq_without_reason: bool = False,
 ) -> Audit:
     with pg(uri) as c:
         rows = c.execute("SELECT id, status, reason, lease_epoch, attempts, error FROM work_items").fetchall()
@@ -409,7 +423,7 @@ def analyse(
         if r[1] == "succeeded":
             n = int(j.rsplit("-", 1)[1])
             s = int(j.split("-")[1][1:])
-            for k in range(1 + (s + n) % 2):
+            for k in range(effects(s, n)):
                 if keys.get(f"fx:{j}:{k}", 0) != 1:
                     missing.append(f"fx:{j}:{k}")
 
