@@ -323,7 +323,7 @@ class Rig:
             self.fleet,
             self.accepted,
             self.t_start,
-            effects=self.effects,
+            per_turn=self.effects,
             dlq_without_reason=dlq_without_reason,
         )
 
@@ -368,7 +368,7 @@ def analyse(
     accepted: dict[str, str],
     t_start: float,
     *,
-    effects: Callable[[int, int], int],
+    per_turn: Callable[[int, int], int],
     dlq_without_reason: bool = False,
 ) -> Audit:
     with pg(uri) as c:
@@ -423,7 +423,7 @@ def analyse(
         if r[1] == "succeeded":
             n = int(j.rsplit("-", 1)[1])
             s = int(j.split("-")[1][1:])
-            for k in range(effects(s, n)):
+            for k in range(per_turn(s, n)):
                 if keys.get(f"fx:{j}:{k}", 0) != 1:
                     missing.append(f"fx:{j}:{k}")
 
