@@ -44,6 +44,11 @@ class Harness:
     def dispatcher(self, **kw: Any) -> Dispatcher:
         return Dispatcher(self.store, self.transport, self.settings, **kw)
 
+    @property
+    def pg_schema(self) -> str:
+        """The schema a PostgreSQL harness works in (its URI's search_path)."""
+        return self.env["STATE_DB_URI"].rsplit("search_path%3D", 1)[1]
+
     def worker(self, registry: Registry, threads: int = 2, **kw: Any) -> Worker:
         opts = WorkerOptions(threads=threads, get_wait_s=0.05, heartbeat_s=1.0, **kw)
         return Worker(self.settings, self.store, self.transport, registry, options=opts)

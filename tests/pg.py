@@ -118,3 +118,25 @@ class PrivateCluster:
         if (self.data / "postmaster.pid").exists():
             self.stop("immediate")
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def rows_read_by_a_claim(uri: str, table: str, n: int) -> int:
+    """Rows of ``table`` a fair claim of ``n`` reads on ``uri`` (index fetches
+    and sequential reads, from this transaction's statistics); the claim must
+    find exactly one turn, and is rolled back."""
+    from agentdispatch.sqlfiles import queries
+
+    get = queries("agentdispatch.backends.postgres.sql", "transport.sql")["get"]
+    with psycopg.connect(uri) as conn:
+        got = conn.execute(
+            get, {"owner": "probe:0", "vis": 30.0, "n": n, "read": False, "listener": None, "mark_s": 0.0}
+        ).fetchall()
+        assert len(got) == 1
+        row = conn.execute(
+            "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) FROM pg_stat_xact_user_tables "
+            "WHERE relid = %s::regclass",
+            (table,),
+        ).fetchone()
+        conn.rollback()
+    assert row is not None
+    return int(row[0])

@@ -8,16 +8,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import psycopg
 import pytest
 
 from agentdispatch.dispatch import Submission
 from agentdispatch.envelope import Envelope
-from agentdispatch.sqlfiles import queries
 from backends import Harness
-from pg import admin
-
-GET = queries("agentdispatch.backends.postgres.sql", "transport.sql")["get"]
+from pg import admin, rows_read_by_a_claim
 
 
 @pytest.fixture
@@ -25,32 +21,11 @@ def h(pg: Harness) -> Harness:
     return pg
 
 
-def _schema(h: Harness) -> str:
-    return h.env["STATE_DB_URI"].rsplit("search_path%3D", 1)[1]
-
-
 def _holds(h: Harness) -> dict[str, float]:
     """held_until of every fairness group, by its session (group) reference."""
     with admin() as conn:
-        rows = conn.execute(f"SELECT group_ref, held_until FROM {_schema(h)}.dispatch_fair_groups").fetchall()
+        rows = conn.execute(f"SELECT group_ref, held_until FROM {h.pg_schema}.dispatch_fair_groups").fetchall()
     return {str(g): float(u) for g, u in rows}
-
-
-def _queue_rows_read_by_a_claim(h: Harness, n: int) -> int:
-    """Queue rows a claim of ``n`` reads (index fetches and sequential reads
-    of this transaction's statistics); the claim is rolled back."""
-    with psycopg.connect(h.env["STATE_DB_URI"]) as conn:
-        got = conn.execute(
-            GET, {"owner": "probe:0", "vis": 30.0, "n": n, "read": False, "listener": None, "mark_s": 0.0}
-        ).fetchall()
-        assert len(got) == 1
-        row = conn.execute(
-            "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) FROM pg_stat_xact_user_tables "
-            "WHERE relid = 'agent_dispatch_queue'::regclass"
-        ).fetchone()
-        conn.rollback()
-    assert row is not None
-    return int(row[0])
 
 
 def _claim_all(h: Harness, owner: str, n: int) -> list[Any]:
@@ -65,12 +40,13 @@ def _claim_all(h: Harness, owner: str, n: int) -> list[Any]:
 def test_a_short_claim_reads_no_more_rows_with_turns_in_flight(h: Harness) -> None:
     d = h.dispatcher()
     d.submit(Submission(kind="echo", tenant="a"))
-    alone = _queue_rows_read_by_a_claim(h, 2)  # asks for more than is queued: comes up short
+    # A claim of two with one queued: it comes up short.
+    alone = rows_read_by_a_claim(h.env["STATE_DB_URI"], "agent_dispatch_queue", 2)
     # 300 turns of the same tenant in flight (claimed, not finished), one more queued.
     d.submit_many([Submission(kind="echo", tenant="a") for _ in range(300)])
     _claim_all(h, "w:0", 301)
     d.submit(Submission(kind="echo", tenant="a"))
-    busy = _queue_rows_read_by_a_claim(h, 2)
+    busy = rows_read_by_a_claim(h.env["STATE_DB_URI"], "agent_dispatch_queue", 2)
     # Each held group used to cost a probe of its claimed head (300 here).
     assert busy <= alone + 10, (alone, busy)
 

@@ -14,11 +14,8 @@ import pytest
 
 from agentdispatch.dispatch import Submission
 from agentdispatch.envelope import Envelope
-from agentdispatch.sqlfiles import queries
 from backends import Harness
-from pg import admin
-
-GET = queries("agentdispatch.backends.postgres.sql", "transport.sql")["get"]
+from pg import admin, rows_read_by_a_claim
 
 
 @pytest.fixture
@@ -26,13 +23,9 @@ def h(pg: Harness) -> Harness:
     return pg
 
 
-def _schema(h: Harness) -> str:
-    return h.env["STATE_DB_URI"].rsplit("search_path%3D", 1)[1]
-
-
 def _rows(h: Harness, sql: str) -> list[tuple[Any, ...]]:
     with admin() as conn:
-        conn.execute(f"SET search_path = {_schema(h)}")
+        conn.execute(f"SET search_path = {h.pg_schema}")
         return conn.execute(sql).fetchall()  # type: ignore[arg-type]
 
 
@@ -45,23 +38,6 @@ def _wakes(h: Harness) -> int:
     return int(_rows(h, "SELECT count(*) FROM dispatch_fair_wakes")[0][0])
 
 
-def _tenant_rows_read_by_a_claim(h: Harness, n: int) -> int:
-    """Tenant rows a claim of ``n`` reads (index fetches and sequential reads
-    of this transaction's statistics); the claim is rolled back."""
-    with psycopg.connect(h.env["STATE_DB_URI"]) as conn:
-        got = conn.execute(
-            GET, {"owner": "probe:0", "vis": 30.0, "n": n, "read": False, "listener": None, "mark_s": 0.0}
-        ).fetchall()
-        assert len(got) == 1
-        row = conn.execute(
-            "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) FROM pg_stat_xact_user_tables "
-            "WHERE relid = 'dispatch_fair_tenants'::regclass"
-        ).fetchone()
-        conn.rollback()
-    assert row is not None
-    return int(row[0])
-
-
 def _get(h: Harness, owner: str = "w:0", vis: float = 600.0) -> Any:
     return h.transport.get(owner, visibility_s=vis, wait_s=0.0)
 
@@ -69,14 +45,15 @@ def _get(h: Harness, owner: str = "w:0", vis: float = 600.0) -> Any:
 def test_a_short_claim_reads_no_more_tenant_rows_with_tenants_in_flight(h: Harness) -> None:
     d = h.dispatcher()
     d.submit(Submission(kind="echo", tenant="new0"))
-    alone = _tenant_rows_read_by_a_claim(h, 2)  # asks for more than is queued: comes up short
+    # A claim of two with one queued: it comes up short.
+    alone = rows_read_by_a_claim(h.env["STATE_DB_URI"], "dispatch_fair_tenants", 2)
     # 300 tenants with a turn each in flight (claimed, not finished), and one more queued.
     d.submit_many([Submission(kind="echo", tenant=f"t{i}") for i in range(300)])
     while _get(h) is not None:
         pass
     assert set(_held(h)) == {True}
     d.submit(Submission(kind="echo", tenant="new1"))
-    busy = _tenant_rows_read_by_a_claim(h, 2)
+    busy = rows_read_by_a_claim(h.env["STATE_DB_URI"], "dispatch_fair_tenants", 2)
     # Each tenant in flight used to cost a visit and a lock of its row (300 here).
     assert busy <= alone + 10, (alone, busy)
 

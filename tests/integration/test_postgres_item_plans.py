@@ -12,10 +12,6 @@ from backends import Harness
 from pg import admin
 
 
-def _schema(h: Harness) -> str:
-    return h.env["STATE_DB_URI"].rsplit("search_path%3D", 1)[1]
-
-
 def _items(conn: psycopg.Connection[tuple[object, ...]], n: int) -> None:
     """``n`` finished items, analysed (a few hundred: the generic plans of
     "id = ANY(ids)" read all of them instead of probing the index)."""
@@ -38,7 +34,7 @@ def _items(conn: psycopg.Connection[tuple[object, ...]], n: int) -> None:
 )
 def test_items_by_id_are_index_probes_in_generic_plans(pg: Harness, sql: str) -> None:
     with admin() as conn:
-        conn.execute(f"SET search_path = {_schema(pg)}")
+        conn.execute(f"SET search_path = {pg.pg_schema}")
         _items(conn, 300)
         conn.execute("SET plan_cache_mode = force_generic_plan")
         plan = explain_nested(conn, sql, {"ids": ["w7", "w9", "nope"]})
@@ -48,7 +44,7 @@ def test_items_by_id_are_index_probes_in_generic_plans(pg: Harness, sql: str) ->
 
 def test_items_read_locks_each_item_once_and_skips_unknown_ids(pg: Harness) -> None:
     with admin() as conn:
-        conn.execute(f"SET search_path = {_schema(pg)}")
+        conn.execute(f"SET search_path = {pg.pg_schema}")
         _items(conn, 10)
         with conn.transaction(force_rollback=True):
             rows = conn.execute("SELECT item FROM dispatch_items_read(ARRAY['w3', 'w1', 'w3', 'nope'])").fetchall()

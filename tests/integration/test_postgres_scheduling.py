@@ -28,10 +28,6 @@ def h(pg: Harness) -> Harness:
     return pg
 
 
-def _schema(h: Harness) -> str:
-    return h.env["STATE_DB_URI"].rsplit("search_path%3D", 1)[1]
-
-
 def _drain(h: Harness, limit: int = 100_000) -> list[Envelope]:
     """Claim and acknowledge one at a time, in claim order."""
     out = []
@@ -135,7 +131,7 @@ def test_release_delays_and_depth_counts_unclaimed(h: Harness) -> None:
 def test_fairness_history_is_pruned_when_nothing_is_queued(h: Harness) -> None:
     d = h.dispatcher()
     d.submit_many([Submission(kind="echo", tenant=f"t{i % 3}", session_id=f"s{i % 5}") for i in range(30)])
-    schema = _schema(h)
+    schema = h.pg_schema
     with admin() as conn:
         tenants = conn.execute(f"SELECT count(*) FROM {schema}.dispatch_fair_tenants").fetchone()
         groups = conn.execute(f"SELECT count(*) FROM {schema}.dispatch_fair_groups").fetchone()
@@ -169,7 +165,7 @@ def test_fair_claim_is_an_index_scan(h: Harness) -> None:
     """Its statements run with generic plans, which guess the claim batch
     (LIMIT v_k) at a tenth of the tenants: with 10,000 tenants a claim that
     joined its picked rows to the queue hashed the whole queue."""
-    schema = _schema(h)
+    schema = h.pg_schema
     with admin() as conn:
         conn.execute(f"SET search_path = {schema}")
         _big_backlog(conn, tenants=10_000, sessions=10_000)
@@ -188,7 +184,7 @@ def test_enqueue_finds_fairness_rows_by_key(h: Harness) -> None:
     """The enqueue trigger checks, locks and moves the fairness rows of what a
     statement added by index probes, never by reading every queued session's
     row (a chunk of a bulk submission into a big backlog did)."""
-    schema = _schema(h)
+    schema = h.pg_schema
     with admin() as conn:
         conn.execute(f"SET search_path = {schema}")
         _big_backlog(conn)
@@ -406,7 +402,7 @@ def test_the_only_tenant_is_not_restamped_and_a_newcomer_still_takes_turns(h: Ha
     that comes later still alternates with it."""
     d = h.dispatcher()
     d.submit_many([Submission(kind="echo", tenant="a", session_id=f"a{s}") for s in range(8)])
-    schema = _schema(h)
+    schema = h.pg_schema
 
     def version() -> object:
         with admin() as conn:
