@@ -219,7 +219,9 @@ class Rig:
                 direct = [x for x in chunk if x.tenant != http_tenant]
                 over_http = [x for x in chunk if x.tenant == http_tenant]
                 for part, http in ((direct, False), (over_http, True)):
-                    while part:
+                    if not part:  # a chunk without the HTTP tenant's turns (many tenants)
+                        continue
+                    while True:
                         try:
                             if http:
                                 rows = [
