@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -14,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from ports import free_port
 
 
 def cli_env(data_dir: Path, **extra: str) -> dict[str, str]:
@@ -97,41 +96,30 @@ def listens(pid: int, port: int) -> bool:
 
 
 def start_gateway(data_dir: Path, *args: str, **env: str) -> Gateway:
-    """Start ``agentdispatch gateway`` and wait until /healthz answers from it.
-
-    :func:`free_port` only names a port that was free a moment ago: another
-    test's server may take it before the gateway binds it. Then that server
-    answers /healthz, this gateway exits (the address is in use), and a test
-    would talk to a stranger that stops when its own test ends. So the answer
-    only counts from the process holding the port, and a taken port is
-    tried again with another."""
-    for _ in range(3):
-        gw = _start_on(free_port(), data_dir, *args, **env)
-        if gw is not None:
-            return gw
-    raise RuntimeError("gateway lost its port to another process three times")
-
-
-def _start_on(port: int, data_dir: Path, *args: str, **env: str) -> Gateway | None:
+    """Start ``agentdispatch gateway`` on a port the system picks (``--port 0``)
+    and wait until /healthz answers from it. The gateway prints the URL it
+    bound before it serves: no other process can hold that port meanwhile."""
     data_dir.mkdir(parents=True, exist_ok=True)
     log = (data_dir / "gateway.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentdispatch", "gateway", "--host", "127.0.0.1", "--port", str(port), *args],
+        [sys.executable, "-m", "agentdispatch", "gateway", "--host", "127.0.0.1", "--port", "0", *args],
         env=cli_env(data_dir, **env),
         stdout=subprocess.DEVNULL,
         stderr=log,
         text=True,
     )
     log.close()
-    gw = Gateway(data_dir, port, proc)
+    gw = Gateway(data_dir, 0, proc)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            if "address already in use" in gw.log():
-                return None
             raise RuntimeError(f"gateway exited {proc.returncode}: {gw.log()}")
+        if not gw.port:
+            bound = re.search(r"gateway on .*: http://127\.0\.0\.1:(\d+)/", gw.log())
+            gw.port = int(bound.group(1)) if bound else 0
         try:
-            if httpx.get(f"{gw.url}/healthz", timeout=1).status_code == 200 and listens(proc.pid, port):
+            if gw.port and httpx.get(f"{gw.url}/healthz", timeout=1).status_code == 200:
+                assert listens(proc.pid, gw.port)
                 return gw
         except httpx.TransportError:
             pass

@@ -81,16 +81,25 @@ def register(main: click.Group) -> None:
         services.store.ping()
         services.transport.ping()
         mode = "auth off (loopback)" if no_auth else "bearer auth"
-        click.echo(f"gateway on {services.transport.name}, {mode}: {url_of(host, port)}", err=True)
         # uvicorn shuts down gracefully on SIGTERM, then raises the signal again
         # under the handler it found: with the default one the process died
         # there (exit 143) before the store and transport were closed.
         signal.signal(signal.SIGTERM, _stopped)
         try:
-            # One log format for uvicorn's lines and ours (AGENT_DISPATCH_LOG_FORMAT).
-            config = logging_config(obj.settings.log_format.value, log_level)
-            http = with_head_deadline(obj.settings.intake_body_timeout_s)
-            uvicorn.run(create_app(services), host=host, port=port, log_config=config, access_log=False, http=http)
+            config = uvicorn.Config(
+                create_app(services),
+                host=host,
+                port=port,
+                # One log format for uvicorn's lines and ours (AGENT_DISPATCH_LOG_FORMAT).
+                log_config=logging_config(obj.settings.log_format.value, log_level),
+                access_log=False,
+                http=with_head_deadline(obj.settings.intake_body_timeout_s),
+            )
+            # Bound before the URL is printed, so --port 0 prints the port it got.
+            sock = config.bind_socket()
+            bound = sock.getsockname()[1]
+            click.echo(f"gateway on {services.transport.name}, {mode}: {url_of(host, bound)}", err=True)
+            uvicorn.Server(config).run(sockets=[sock])
         finally:
             services.close()
 
