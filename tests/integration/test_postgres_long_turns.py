@@ -44,7 +44,14 @@ def test_turns_of_twenty_ttls_are_never_reclaimed(tmp_path: Path) -> None:
         ]
         with (tmp_path / "worker.log").open("wb") as err:
             worker = runtime_worker(env, "--concurrency", str(TURNS), stderr=err.fileno())
-        wait_until(lambda: all(h.store.get(j, "t").status is Status.SUCCEEDED for j in jobs), timeout=120, every=1)
+        try:
+            wait_until(lambda: all(h.store.get(j, "t").status is Status.SUCCEEDED for j in jobs), timeout=300, every=1)
+        except AssertionError:
+            items = [h.store.get(j, "t") for j in jobs]
+            starts = sum(1 for f in sink.glob("*.log") for ln in f.read_text().splitlines() if ln.startswith("start"))
+            tail = (tmp_path / "worker.log").read_text()[-3000:]
+            states = Counter((i.status.value, i.attempt, i.lease_epoch) for i in items)
+            raise AssertionError(f"not all succeeded: {states}; {starts} starts; worker log ends:\n{tail}") from None
         items = [h.store.get(j, "t") for j in jobs]
         assert {(i.attempt, i.lease_epoch) for i in items} == {(1, 1)}
         lines = [ln.split() for f in sink.glob("*.log") for ln in f.read_text().splitlines()]
