@@ -31,7 +31,7 @@ def listener_pids(uri: str) -> list[int]:
         rows = c.execute(
             "SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND backend_type = 'client backend' "
             "AND (query LIKE 'LISTEN %%' OR query LIKE '%%DELETE FROM dispatch_waiting w%%' "
-            "OR query = 'SELECT count(*) FROM pg_listening_channels()')"
+            "OR query LIKE 'UNLISTEN %%')"
         ).fetchall()
     return [r[0] for r in rows]
 

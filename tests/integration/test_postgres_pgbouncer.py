@@ -5,6 +5,8 @@ the ``pgbouncer`` backend of ``tests/contract``)."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -19,6 +21,7 @@ from agentdispatch import Dispatcher, Submission, load_settings
 from agentdispatch.backends.postgres.store import PostgresStore
 from agentdispatch.backends.postgres.transport import PostgresTransport
 from backends import fresh_pg_database
+from contract.helpers import wait_until
 from pgbouncer import bouncer
 
 BASE = os.environ.get("AGENTDISPATCH_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
@@ -79,3 +82,33 @@ def test_with_prepared_statements_off_nothing_is_prepared(through_bouncer: Open)
     assert store.counts("t") == {"ready": 30}
     with store.db.pool.connection() as conn:
         assert conn.prepare_threshold is None
+
+
+def test_behind_the_bouncer_the_listener_says_it_polls(caplog: pytest.LogCaptureFixture) -> None:
+    # The LISTEN stays on the pooled server connection that ran it, so
+    # pg_listening_channels() lists the channel there: that probe took
+    # PgBouncer for a working listener, never warned, and polled slowly.
+    # Directly on PostgreSQL the same listener must hear its own probe.
+    cleanup: list[Callable[[], None]] = []
+    direct = fresh_pg_database(cleanup)
+    with contextlib.closing(PostgresStore(direct)) as schema:
+        schema.migrate()
+    pooled = bouncer(BASE).uri(direct.rsplit("/", 1)[1])
+    stores = {uri: PostgresStore(uri, prepared=False, pool_size=2) for uri in (direct, pooled)}
+    transports = {uri: PostgresTransport(store) for uri, store in stores.items()}
+    cleanup[:0] = [t.close for t in transports.values()] + [s.close for s in stores.values()]
+    try:
+        with caplog.at_level(logging.WARNING, logger="agentdispatch.backends.postgres.transport"):
+            for t in transports.values():
+                t.wait(0)  # starts the listener
+            listener = transports[direct]._listener
+            assert listener is not None
+            wait_until(lambda: listener.healthy, timeout=30)
+            wait_until(lambda: "polling only" in caplog.text, timeout=30)
+        assert caplog.text.count("polling only") == 1
+        t = transports[pooled]
+        assert t._listener is not None and not t._listener.healthy and t._listener.pid is None
+        assert t.arrival_poll_s() == t.fallback_poll_s < transports[direct].arrival_poll_s()
+    finally:
+        for fn in cleanup:
+            fn()

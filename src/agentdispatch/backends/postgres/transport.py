@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -39,6 +40,10 @@ PROBE_EVERY_S = 15.0
 #: stuck proxy or pooler); without this bound the listener waited on such a
 #: link for good and never listened again.
 PROBE_ANSWER_S = 10.0
+#: Seconds the listener waits, after its LISTEN, for a notification that
+#: another connection sent it. Until it arrives waiters poll at the fallback
+#: rate, so a slow arrival only delays the longer poll interval.
+HEAR_S = 5.0
 
 
 class _Wakeup:
@@ -128,6 +133,34 @@ class _Listener:
                     raise _Silent(f"no answer within {PROBE_ANSWER_S:g} s") from None
                 raise
 
+    def _woken(self, payload: str) -> None:
+        # As many waiters as rows came (the payload of a bulk insert).
+        self.wake.bump(int(payload) if payload.isdigit() else 1)
+
+    def _hears(self, conn: psycopg.Connection[Any]) -> bool:
+        """Whether a notification sent by another connection reaches ``conn``.
+        ``pg_listening_channels()`` cannot tell: behind PgBouncer in
+        transaction mode the LISTEN stays on the pooled server connection
+        that ran it, so the channel is listed while nothing is forwarded.
+        The probe has a channel of its own: no other listener hears it."""
+        probe = f"{CHANNEL}_probe_{secrets.token_hex(8)}"
+        self._answered(conn, f"LISTEN {probe}")
+        try:
+            with (
+                psycopg.connect(with_link_defaults(self.uri), autocommit=True) as other,
+                self._deadlines.watch(other, PROBE_ANSWER_S),
+            ):
+                other.execute(f"NOTIFY {probe}")
+            deadline = time.monotonic() + HEAR_S
+            while (left := deadline - time.monotonic()) > 0 and not self._stop.is_set():
+                for note in conn.notifies(timeout=min(left, 1.0), stop_after=1):
+                    if note.channel == probe:
+                        return True
+                    self._woken(note.payload)
+            return False
+        finally:
+            self._answered(conn, f"UNLISTEN {probe}")
+
     def _run(self) -> None:
         backoff = 0.1
         while not self._stop.is_set():
@@ -135,10 +168,9 @@ class _Listener:
                 with psycopg.connect(with_link_defaults(self.uri), autocommit=True) as conn:
                     self._conn = conn
                     self._answered(conn, f"LISTEN {CHANNEL}")
-                    listening = self._answered(conn, "SELECT count(*) FROM pg_listening_channels()").fetchone()
                     # Behind a transaction-mode pooler LISTEN is a no-op: poll instead.
-                    self.healthy = bool(listening and listening[0])
-                    if not self.healthy:
+                    self.healthy = self._hears(conn)
+                    if not self.healthy and not self._stop.is_set():  # a probe cut short by a stop says nothing
                         log.warning("LISTEN is not effective on this connection; polling only")
                     # Without LISTEN nobody is marked waiting: nothing would hear.
                     self.pid = conn.info.backend_pid if self.healthy else None
@@ -149,8 +181,7 @@ class _Listener:
                     last_probe = time.monotonic()
                     while not self._stop.is_set():
                         for note in conn.notifies(timeout=1.0, stop_after=1):
-                            # As many waiters as rows came (the payload of a bulk insert).
-                            self.wake.bump(int(note.payload) if note.payload.isdigit() else 1)
+                            self._woken(note.payload)
                         if time.monotonic() - last_probe > PROBE_EVERY_S:
                             # A half-open connection delivers nothing: probe it,
                             # clearing killed processes' long-expired marks.
