@@ -84,7 +84,7 @@ def test_timeouts_after_commits_lose_and_duplicate_nothing(
     build = postgres_harness if backend == "postgres" else sqlite_harness
     # Attempts are spent by claims whose answer was lost (the turn waits out
     # its TTL): ten of them make a dead letter here vanishingly unlikely.
-    h = build(tmp_path, claim_ttl_s=1.0, renew_interval_s=0.3, max_attempts=10)
+    h = build(tmp_path, claim_ttl_s=3.0, renew_interval_s=1.0, max_attempts=10)
     inj = Injector()
     _inject(monkeypatch, backend, inj)
     applied: Counter[str] = Counter()

@@ -22,13 +22,13 @@ SKEWS = (300.0, -300.0)
 
 
 def test_workers_five_minutes_off_reclaim_nothing(tmp_path: Path) -> None:
-    h = postgres_harness(tmp_path, claim_ttl_s=1.0, renew_interval_s=0.3)
+    h = postgres_harness(tmp_path, claim_ttl_s=2.0, renew_interval_s=0.6)
     sink = tmp_path / "sink"
     sink.mkdir()
     d = h.dispatcher()
-    # Up to two seconds a turn against a one-second TTL: most turns renew.
+    # Up to four seconds a turn against a two-second TTL: most turns renew.
     subs = [
-        Submission(kind="crash_turn", tenant="t", session_id=f"s{i % 20}", payload={"i": i, "max_sleep": 1.0})
+        Submission(kind="crash_turn", tenant="t", session_id=f"s{i % 20}", payload={"i": i, "max_sleep": 2.0})
         for i in range(TURNS)
     ]
     jobs = [x.job_id for x in d.submit_many(subs)]
@@ -40,8 +40,8 @@ def test_workers_five_minutes_off_reclaim_nothing(tmp_path: Path) -> None:
                 **os.environ,
                 **h.env,
                 "CRASH_SINK_DIR": str(sink),
-                "AGENT_DISPATCH_CLAIM_TTL_S": "1",
-                "AGENT_DISPATCH_RENEW_INTERVAL_S": "0.3",
+                "AGENT_DISPATCH_CLAIM_TTL_S": "2",
+                "AGENT_DISPATCH_RENEW_INTERVAL_S": "0.6",
                 "AGENTDISPATCH_TEST_SKEW_S": str(skew),
                 "PYTHONPATH": os.pathsep.join([str(APPS / "skew"), str(APPS), os.environ.get("PYTHONPATH", "")]),
             }
