@@ -5,11 +5,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
+import select
 import socket
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -320,6 +323,80 @@ def test_a_refused_body_closes_the_connection(live: Live) -> None:
                 s.sendall(b"x")
                 while s.recv(65536):  # b"" once the gateway closes; a timeout if it never does
                     pass
+
+
+@dataclass
+class Refused:
+    answer: bytes = b""  # all the gateway sent up to its end of stream
+    lost: OSError | None = None  # the connection was reset before the answer could be read
+    cut_after_s: float | None = None  # how long after the answer sending more failed
+
+
+def _refused_sender(port: int, path: str, chunked: bool, start: threading.Barrier) -> Refused:
+    # Like an HTTP client uploading a 50 MB body in parts, which looks for an
+    # early answer between parts (not during one). A small send buffer keeps
+    # the kernel from taking a 3 MiB part unread: it goes through only if the
+    # gateway reads it, and a reset while it is being sent loses the answer.
+    framing = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: 50000000"
+    head = b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\n" + framing + b"\r\n\r\n"
+    piece = b"x" * 65536
+    if chunked:
+        piece = b"10000\r\n" + piece + b"\r\n"
+    part = piece * 48  # 3 MiB: past the 1 MiB a webhook reads, under the 4 MiB the gateway drops after
+    out = Refused()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+        s.settimeout(30)
+        s.connect(("127.0.0.1", port))
+        start.wait(30)
+        s.sendall(head)
+        try:
+            s.sendall(part)
+            while not select.select([s], [], [], 10)[0]:  # an answer has arrived (or send more)
+                s.sendall(part)
+        except OSError as exc:
+            out.lost = exc
+            return out
+        while chunk := s.recv(65536):  # the answer, then the gateway's end of stream
+            out.answer += chunk
+        # A client that goes on sending regardless is cut off once the gateway stops lingering.
+        answered = time.monotonic()
+        with contextlib.suppress(OSError):
+            for _ in range(50_000_000 // len(piece)):
+                s.sendall(piece)
+            return out
+        out.cut_after_s = time.monotonic() - answered
+    return out
+
+
+def _sockets_of(pid: int) -> int:
+    fds = Path(f"/proc/{pid}/fd")
+    return sum(1 for fd in fds.iterdir() if os.readlink(fd).startswith("socket:"))
+
+
+def test_many_refused_senders_at_once_all_read_their_answer(live: Live) -> None:
+    # Refused before their bodies are read while still sending them: the
+    # gateway used to close with the body unread, the kernel sent a reset, and
+    # senders lost their 413 (Slack its X-Slack-No-Retry). It now shuts its
+    # side, reads and drops the rest for 2 s (4 MiB at most), then closes.
+    baseline = _sockets_of(live.gw.proc.pid)
+    tg, slack = f"/intake/telegram/{TG_BOT}", f"/intake/slack/{APP}"
+    cases = [(tg, False), (tg, True), (slack, False), ("/v1/jobs", False)] * 10
+    start = threading.Barrier(len(cases))
+    with ThreadPoolExecutor(len(cases)) as pool:
+        futures = [pool.submit(_refused_sender, live.gw.port, path, ch, start) for path, ch in cases]
+        results = [f.result() for f in futures]
+    lost = [(path, r.lost) for (path, _), r in zip(cases, results, strict=True) if r.lost is not None]
+    assert not lost, f"{len(lost)} of {len(cases)} senders lost their answer to a reset: {lost[:3]}"
+    for (path, _), r in zip(cases, results, strict=True):
+        head, _, body = r.answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 413 "), r
+        assert json.loads(body)["error"] == ("body_too_large" if path == "/v1/jobs" else "too_large"), r
+        assert (b"x-slack-no-retry: 1" in head.lower()) == path.startswith("/intake/slack/"), head
+        # Cut off within the 2 s linger, not read to the end; generous for a busy machine.
+        assert r.cut_after_s is not None and r.cut_after_s < 15, (path, r.cut_after_s)
+    assert _sockets_of(live.gw.proc.pid) <= baseline
+    assert live.c.get("/healthz").status_code == 200
 
 
 def test_a_request_head_not_received_in_time_closes_the_connection(live: Live) -> None:
