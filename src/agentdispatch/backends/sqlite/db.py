@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 
 from ...errors import TaskQueueUnavailable, explained
+from .fs import network_type
 
 BUSY_TIMEOUT_MS = 30_000
 #: Free bytes under which an error opening or writing the file is read as a full disk.
@@ -67,8 +68,17 @@ class SqliteDb:
         self._checkpoint_pages = WAL_CHECKPOINT_PAGES
         self._room_checked = -ROOM_CHECK_S
         self._conn_pages: dict[int, int] = {}
+        self._fs_checked = False
 
     def _open(self, durable: bool, owner: threading.Thread | None) -> sqlite3.Connection:
+        if not self._fs_checked:
+            kind = network_type(self.path)
+            if kind is not None:
+                raise TaskQueueUnavailable(
+                    f"the SQLite file is on a network file system ({kind}), where WAL cannot keep "
+                    "processes of two hosts apart; set AGENT_DISPATCH_DATA_DIR to a local disk or use PostgreSQL"
+                )
+            self._fs_checked = True
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(
