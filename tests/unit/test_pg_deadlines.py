@@ -37,7 +37,8 @@ def test_only_a_transaction_past_its_deadline_is_cut() -> None:
             clock.now += 1
         assert dl.expire_due() == 0
         clock.now += 4.5
-        assert dl.expire_due() == 1
+        # The watchdog thread reads the same fake clock and may cut it first.
+        dl.expire_due()
         assert cut == [slow] and slow_ticket is not None and slow_ticket.expired
     assert slow.closed and not fast.closed
     clock.now += 100
